@@ -1,0 +1,44 @@
+# Everything installs into .venv on first use; nothing global is touched.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint typecheck check-generated test test-fast dev bench kafka clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check-generated: $(STAMP)
+	$(BIN)/python -m schemas.generate --check
+
+# The whole suite: lint, types, generated code, then every test against real
+# Postgres and a real Apache Kafka the suite starts itself.
+test: lint typecheck check-generated
+	$(BIN)/pytest -p no:cacheprovider
+
+# Unit tests only: no services.
+test-fast: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider tests/unit
+
+# The embedded stack: Postgres, the Tansu broker, a worker with every role, a sample workflow.
+dev: $(STAMP)
+	$(BIN)/wfjobs dev
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.end_to_end
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

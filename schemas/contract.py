@@ -1,0 +1,161 @@
+"""The wire contract: message types, their CEL rules, and event encoding."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import protovalidate
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from schemas.errors import ContractViolation, InvalidArgument
+from schemas.gen.workflowjobs.v1 import api_pb2, events_pb2, requests_pb2
+
+WorkflowRunEvent = events_pb2.WorkflowRunEvent
+WorkflowRunRequest = requests_pb2.WorkflowRunRequest
+EventType = events_pb2.WorkflowRunEvent.Type
+
+_validator = protovalidate.Validator()
+
+
+def violations(message: Message) -> list[str]:
+    """Every CEL/protovalidate violation of ``message`` as ``field: message`` lines."""
+    found = []
+    for violation in _validator.collect_violations(message):
+        field = violation.proto.field
+        elements = field.elements if field is not None else []
+        path = ".".join(element.field_name for element in elements if element.field_name)
+        found.append(f"{path}: {violation.proto.message}" if path else violation.proto.message)
+    return found
+
+
+def check_outgoing(message: Message) -> None:
+    """Refuse to publish or store a message that breaks its rules: that is our bug."""
+    problems = violations(message)
+    if problems:
+        name = message.DESCRIPTOR.full_name
+        raise ContractViolation(f"{name} breaks its contract: {'; '.join(problems)}")
+
+
+def check_incoming(message: Message) -> None:
+    """Refuse a caller's message that breaks its rules: that is the caller's mistake."""
+    problems = violations(message)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
+
+
+def parse_job_id(value: str) -> uuid.UUID:
+    """A job id is a UUID; anything else is refused with the offending value."""
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument(f"job_id must be a UUID, got {value!r}") from None
+
+
+def build_event(
+    *,
+    job_id: uuid.UUID | str,
+    event_type: int,
+    workflow_name: str,
+    attempt: int,
+    occurred_at: datetime,
+    step_name: str = "",
+    response: Mapping[str, Any] | None = None,
+    skipped: bool = False,
+    verdict: str = "",
+    error: str = "",
+    result: Mapping[str, Any] | None = None,
+) -> WorkflowRunEvent:
+    """Build a lifecycle event (without ``event_id``) and check its rules."""
+    event = WorkflowRunEvent(
+        job_id=str(job_id),
+        type=event_type,  # type: ignore[arg-type]
+        workflow_name=workflow_name,
+        attempt=attempt,
+        step_name=step_name,
+        skipped=skipped,
+        verdict=verdict,
+        error=error,
+    )
+    if response is not None:
+        event.response.update(response)
+    if result is not None:
+        event.result.update(result)
+    event.occurred_at.FromDatetime(occurred_at)
+    check_outgoing(event)
+    return event
+
+
+def encode_event(event: WorkflowRunEvent) -> bytes:
+    """The bytes stored in the outbox row; the relay adds ``event_id`` and framing."""
+    return event.SerializeToString(deterministic=True)
+
+
+def with_event_id(payload: bytes, event_id: int) -> bytes:
+    """Set ``event_id`` (field 1) on an encoded event without decoding it.
+
+    Protobuf parsers take the last occurrence of a scalar field, so appending the
+    field to the stored bytes is equivalent to re-encoding with the id set. This is
+    what lets the outbox store an event before the row id exists.
+    """
+    return payload + b"\x08" + _varint(event_id)
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while True:
+        bits = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(bits | 0x80)
+        else:
+            out.append(bits)
+            return bytes(out)
+
+
+def decode_event(payload: bytes) -> WorkflowRunEvent:
+    event = WorkflowRunEvent()
+    event.ParseFromString(payload)
+    return event
+
+
+def to_json(message: Message) -> dict[str, Any]:
+    """proto3 JSON mapping, field names as in the .proto (snake_case)."""
+    result: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=False
+    )
+    return result
+
+
+def from_json(data: Mapping[str, Any], message: Message) -> Message:
+    """Parse a proto3 JSON object into ``message``; unknown fields are refused."""
+    try:
+        json_format.ParseDict(dict(data), message, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"{message.DESCRIPTOR.name}: {exc}") from None
+    return message
+
+
+__all__ = [
+    "EventType",
+    "WorkflowRunEvent",
+    "WorkflowRunRequest",
+    "api_pb2",
+    "build_event",
+    "check_incoming",
+    "check_outgoing",
+    "decode_event",
+    "encode_event",
+    "events_pb2",
+    "from_json",
+    "parse_job_id",
+    "requests_pb2",
+    "to_json",
+    "violations",
+    "with_event_id",
+]

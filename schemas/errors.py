@@ -1,0 +1,62 @@
+"""The error hierarchy every layer raises and the API answers with.
+
+Each error carries a stable ``code``; the HTTP layer maps codes to statuses in
+one table, and the CLI prints the code with the message.
+"""
+
+from __future__ import annotations
+
+
+class WorkflowJobsError(Exception):
+    """Base of every error the product raises on purpose."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(WorkflowJobsError):
+    """The caller sent something malformed; retrying the same input cannot help."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(WorkflowJobsError):
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(WorkflowJobsError):
+    """The target exists but is in a state that does not allow the operation."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class PayloadTooLarge(WorkflowJobsError):
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ResourceExhausted(WorkflowJobsError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(WorkflowJobsError):
+    """A dependency (the store, the broker) is not configured or not reachable."""
+
+    code = "UNAVAILABLE"
+
+
+class LeaseLost(WorkflowJobsError):
+    """A fenced write found that this worker no longer holds the job's lease.
+
+    Nothing was changed and nothing was published; the worker must drop the job.
+    """
+
+    code = "FAILED_PRECONDITION"
+
+
+class ContractViolation(WorkflowJobsError):
+    """A message broke the CEL rules of its schema: a bug, raised loudly."""
+
+    code = "INTERNAL"

@@ -1,0 +1,215 @@
+import datetime
+
+from schemas.gen.buf.validate import validate_pb2 as _validate_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Checkpoint(_message.Message):
+    __slots__ = ("name", "skipped", "response")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    skipped: bool
+    response: _struct_pb2.Struct
+    def __init__(self, name: _Optional[str] = ..., skipped: _Optional[bool] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "workflow_name", "status", "attempt", "max_attempts", "run_after", "outstanding_step", "checkpoints", "input", "result", "verdict", "error", "lease_owner", "lease_until", "created_at", "updated_at")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS_UNSPECIFIED: _ClassVar[Job.Status]
+        QUEUED: _ClassVar[Job.Status]
+        RUNNING: _ClassVar[Job.Status]
+        WAITING: _ClassVar[Job.Status]
+        COMPLETED: _ClassVar[Job.Status]
+        FAILED: _ClassVar[Job.Status]
+        DEAD: _ClassVar[Job.Status]
+    STATUS_UNSPECIFIED: Job.Status
+    QUEUED: Job.Status
+    RUNNING: Job.Status
+    WAITING: Job.Status
+    COMPLETED: Job.Status
+    FAILED: Job.Status
+    DEAD: Job.Status
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RUN_AFTER_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    workflow_name: str
+    status: Job.Status
+    attempt: int
+    max_attempts: int
+    run_after: _timestamp_pb2.Timestamp
+    outstanding_step: str
+    checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
+    input: _struct_pb2.Struct
+    result: _struct_pb2.Struct
+    verdict: str
+    error: str
+    lease_owner: str
+    lease_until: _timestamp_pb2.Timestamp
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outstanding_step: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., error: _Optional[str] = ..., lease_owner: _Optional[str] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SubmitWorkflowRequest(_message.Message):
+    __slots__ = ("job_id", "workflow", "workflow_name", "input", "max_attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    workflow: _struct_pb2.Struct
+    workflow_name: str
+    input: _struct_pb2.Struct
+    max_attempts: int
+    def __init__(self, job_id: _Optional[str] = ..., workflow: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., workflow_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+
+class SubmitWorkflowResponse(_message.Message):
+    __slots__ = ("job", "created")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    created: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("status", "workflow_name", "limit", "page_token")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    status: Job.Status
+    workflow_name: str
+    limit: int
+    page_token: str
+    def __init__(self, status: _Optional[_Union[Job.Status, str]] = ..., workflow_name: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CompleteStepRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "response")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    response: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class CompleteStepResponse(_message.Message):
+    __slots__ = ("outcome", "job", "message")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[CompleteStepResponse.Outcome]
+        COMPLETED: _ClassVar[CompleteStepResponse.Outcome]
+        ALREADY_DONE: _ClassVar[CompleteStepResponse.Outcome]
+        WRONG_STATE: _ClassVar[CompleteStepResponse.Outcome]
+        REJECTED: _ClassVar[CompleteStepResponse.Outcome]
+    OUTCOME_UNSPECIFIED: CompleteStepResponse.Outcome
+    COMPLETED: CompleteStepResponse.Outcome
+    ALREADY_DONE: CompleteStepResponse.Outcome
+    WRONG_STATE: CompleteStepResponse.Outcome
+    REJECTED: CompleteStepResponse.Outcome
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    outcome: CompleteStepResponse.Outcome
+    job: Job
+    message: str
+    def __init__(self, outcome: _Optional[_Union[CompleteStepResponse.Outcome, str]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StoredWorkflow(_message.Message):
+    __slots__ = ("name", "definition", "created_at", "updated_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    definition: _struct_pb2.Struct
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., definition: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PutWorkflowRequest(_message.Message):
+    __slots__ = ("workflow",)
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    workflow: _struct_pb2.Struct
+    def __init__(self, workflow: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class PutWorkflowResponse(_message.Message):
+    __slots__ = ("workflow",)
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    workflow: StoredWorkflow
+    def __init__(self, workflow: _Optional[_Union[StoredWorkflow, _Mapping]] = ...) -> None: ...
+
+class GetWorkflowRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetWorkflowResponse(_message.Message):
+    __slots__ = ("workflow",)
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    workflow: StoredWorkflow
+    def __init__(self, workflow: _Optional[_Union[StoredWorkflow, _Mapping]] = ...) -> None: ...
+
+class ListWorkflowsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkflowsResponse(_message.Message):
+    __slots__ = ("workflows",)
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    workflows: _containers.RepeatedCompositeFieldContainer[StoredWorkflow]
+    def __init__(self, workflows: _Optional[_Iterable[_Union[StoredWorkflow, _Mapping]]] = ...) -> None: ...
+
+class ErrorBody(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

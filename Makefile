@@ -40,5 +40,9 @@ dev: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.end_to_end
 
+# A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.
+kafka: $(STAMP)
+	$(BIN)/python -m streams.services kafka
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -47,12 +48,19 @@ def check_incoming(message: Message) -> None:
         raise InvalidArgument("; ".join(problems))
 
 
-def parse_job_id(value: str) -> uuid.UUID:
-    """A job id is a UUID; anything else is refused with the offending value."""
-    try:
-        return uuid.UUID(str(value))
-    except (ValueError, AttributeError, TypeError):
-        raise InvalidArgument(f"job_id must be a UUID, got {value!r}") from None
+# The textual form protovalidate's `string.uuid` accepts. uuid.UUID() alone is far
+# looser (braces, "urn:uuid:", hyphens anywhere or none), so an id refused on the
+# wire would otherwise be accepted by the verbs.
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def parse_job_id(value: str | uuid.UUID) -> uuid.UUID:
+    """A job id is a UUID in its 8-4-4-4-12 form; anything else is refused with the value."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str) or not _UUID_TEXT.fullmatch(value):
+        raise InvalidArgument(f"job_id must be a UUID, got {value!r}")
+    return uuid.UUID(value)
 
 
 def build_event(

@@ -1,0 +1,214 @@
+"""The pieces of an Apache Kafka install that we make ourselves.
+
+There is no Kafka tarball to download: the broker's jars and their runtime
+dependencies are resolved from Maven Central with ``mvn`` into a per-user cache
+directory, once per version, and the broker is started from that classpath.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+KAFKA_VERSION = "4.1.1"
+SCALA_VERSION = "2.13"
+# Kafka 4 logs through slf4j 1.7 into log4j2; the binding must match both.
+LOG4J_VERSION = "2.24.3"
+
+BROKER_MAIN = "kafka.Kafka"
+STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
+
+
+class KafkaRuntimeError(RuntimeError):
+    """The broker's classpath could not be prepared."""
+
+
+def cache_root() -> Path:
+    """``$WFJOBS_CACHE_DIR``, else ``$XDG_CACHE_HOME/workflow-jobs``, else ``~/.cache/...``."""
+    explicit = os.environ.get("WFJOBS_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "workflow-jobs"
+
+
+def _pom(version: str) -> str:
+    kafka = [f"kafka_{SCALA_VERSION}", "kafka-server", "kafka-tools"]
+    deps = [("org.apache.kafka", artifact, version) for artifact in kafka]
+    deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION))
+    rendered = "\n".join(
+        f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+        f"<version>{v}</version></dependency>"
+        for g, a, v in deps
+    )
+    return f"""<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>workflow-jobs.local</groupId>
+  <artifactId>kafka-classpath</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{rendered}
+  </dependencies>
+</project>
+"""
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def kafka_libs(version: str = KAFKA_VERSION, *, timeout_s: float = 900.0) -> Path:
+    """The directory holding every jar the broker needs, resolving it on first use.
+
+    Parallel test sessions may all arrive here at once; a file lock makes one of
+    them resolve while the others wait, and the directory only appears (by an
+    atomic rename) once it is complete.
+    """
+    home = cache_root() / f"kafka-{version}"
+    libs = home / "libs"
+    if _complete(libs, version):
+        return libs
+    with _exclusive(home / ".resolve.lock"):
+        if _complete(libs, version):
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise KafkaRuntimeError(
+                "Apache Kafka's jars are resolved with Maven, but `mvn` is not on PATH "
+                "(install Maven and a Java 17+ runtime)"
+            )
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
+        try:
+            (staging / "pom.xml").write_text(_pom(version))
+            jars = staging / "jars"
+            try:
+                proc = subprocess.run(
+                    [
+                        mvn,
+                        "-q",
+                        "-B",
+                        "-f",
+                        str(staging / "pom.xml"),
+                        "dependency:copy-dependencies",
+                        f"-DoutputDirectory={jars}",
+                        "-DincludeScope=runtime",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise KafkaRuntimeError(
+                    f"mvn did not resolve Apache Kafka {version} within {timeout_s:.0f}s "
+                    "(is Maven Central reachable?)"
+                ) from exc
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+                raise KafkaRuntimeError(
+                    f"mvn could not resolve org.apache.kafka:kafka_{SCALA_VERSION}:{version} "
+                    f"(exit {proc.returncode}):\n{tail}"
+                )
+            if not _complete(jars, version):
+                raise KafkaRuntimeError(f"mvn finished but {jars} lacks the Kafka jars")
+            if libs.exists():
+                shutil.rmtree(libs)
+            jars.rename(libs)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def _complete(libs: Path, version: str) -> bool:
+    needed = (f"kafka_{SCALA_VERSION}-{version}.jar", f"kafka-server-{version}.jar")
+    return all((libs / name).is_file() for name in needed)
+
+
+def new_cluster_id() -> str:
+    """A cluster id in Kafka's format: URL-safe base64 of a random UUID, unpadded."""
+    while True:
+        encoded = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # Kafka refuses ids that would read as a command-line flag.
+        if not encoded.startswith("-"):
+            return encoded
+
+
+def server_properties(
+    *,
+    broker_port: int,
+    controller_port: int,
+    log_dir: Path,
+    host: str = "127.0.0.1",
+    num_partitions: int = 3,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A single combined broker + controller, tuned to start fast and serve one test run."""
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{broker_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(log_dir),
+        "num.partitions": str(num_partitions),
+        "auto.create.topics.enable": "true",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        # Fifty partitions per internal topic is a cluster default; one broker
+        # creating them on the first group join costs seconds for nothing.
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.network.threads": "3",
+        "num.io.threads": "4",
+        "log.retention.hours": "24",
+    }
+    props.update(extra or {})
+    return props
+
+
+def render_properties(props: Mapping[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in props.items())
+
+
+LOG4J2_PROPERTIES = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""

@@ -1,0 +1,213 @@
+"""The CEL rules on the wire messages hold, and the contract helpers keep them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from google.protobuf import struct_pb2
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.contract import (
+    EventType,
+    WorkflowRunEvent,
+    WorkflowRunRequest,
+    api_pb2,
+    build_event,
+    check_incoming,
+    decode_event,
+    encode_event,
+    parse_job_id,
+    violations,
+    with_event_id,
+)
+from schemas.errors import ContractViolation, InvalidArgument
+
+JOB_ID = "8a4a0f2e-5b7c-4d1e-9f3a-2b6c8d0e1f24"
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def event(event_type: int, **fields: Any) -> WorkflowRunEvent:
+    return build_event(
+        job_id=JOB_ID,
+        event_type=event_type,
+        workflow_name="tokenize-and-embed",
+        attempt=1,
+        occurred_at=WHEN,
+        **fields,
+    )
+
+
+# --------------------------------------------------------------------------- events
+
+
+@pytest.mark.parametrize(
+    ("event_type", "fields"),
+    [
+        (EventType.TYPE_ACCEPTED, {}),
+        (EventType.TYPE_STEP_CHECKPOINT, {"step_name": "tokenize", "response": {"ids": [1]}}),
+        (EventType.TYPE_WAITING, {"step_name": "review"}),
+        (EventType.TYPE_COMPLETED, {"verdict": "approved", "result": {"score": 0.9}}),
+        (EventType.TYPE_FAILED, {"error": "INVALID_ARGUMENT: text is empty"}),
+        (EventType.TYPE_DEAD, {"error": "UNAVAILABLE: embedder down"}),
+    ],
+)
+def test_well_formed_events_are_built(event_type: int, fields: dict[str, Any]) -> None:
+    built = event(event_type, **fields)
+    assert built.type == event_type
+    assert violations(built) == []
+
+
+def test_completed_without_verdict_is_refused() -> None:
+    with pytest.raises(ContractViolation, match="COMPLETED event must carry a verdict"):
+        event(EventType.TYPE_COMPLETED, result={"score": 0.9})
+
+
+@pytest.mark.parametrize("event_type", [EventType.TYPE_FAILED, EventType.TYPE_DEAD])
+def test_failure_without_error_is_refused(event_type: int) -> None:
+    with pytest.raises(ContractViolation, match="must carry the error verbatim"):
+        event(event_type, verdict="it broke")
+
+
+@pytest.mark.parametrize("event_type", [EventType.TYPE_STEP_CHECKPOINT, EventType.TYPE_WAITING])
+def test_step_events_must_name_their_step(event_type: int) -> None:
+    with pytest.raises(ContractViolation, match="must name their step"):
+        event(event_type)
+
+
+def test_unspecified_type_is_never_published() -> None:
+    with pytest.raises(ContractViolation) as caught:
+        event(EventType.TYPE_UNSPECIFIED)
+    assert "type:" in caught.value.message
+    assert caught.value.code == "INTERNAL"
+
+
+def test_undefined_type_number_is_refused() -> None:
+    with pytest.raises(ContractViolation, match="type:"):
+        event(99)
+
+
+def test_event_with_non_uuid_job_id_is_refused() -> None:
+    with pytest.raises(ContractViolation, match="job_id:"):
+        build_event(
+            job_id="job-42",
+            event_type=EventType.TYPE_ACCEPTED,
+            workflow_name="w",
+            attempt=0,
+            occurred_at=WHEN,
+        )
+
+
+def test_event_without_timestamp_breaks_the_contract() -> None:
+    bare = WorkflowRunEvent(job_id=JOB_ID, type=EventType.TYPE_ACCEPTED, workflow_name="w")
+    assert any(v.startswith("occurred_at:") for v in violations(bare))
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _struct(**values: Any) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(values)
+    return s
+
+
+def test_submit_names_exactly_one_definition_source() -> None:
+    inline = api_pb2.SubmitWorkflowRequest(workflow=_struct(name="inline"))
+    stored = api_pb2.SubmitWorkflowRequest(workflow_name="stored")
+    check_incoming(inline)
+    check_incoming(stored)
+
+    both = api_pb2.SubmitWorkflowRequest(workflow=_struct(name="inline"), workflow_name="stored")
+    neither = api_pb2.SubmitWorkflowRequest(input=_struct(text="hi"))
+    for request in (both, neither):
+        with pytest.raises(InvalidArgument, match="exactly one definition source") as caught:
+            check_incoming(request)
+        # A caller's mistake, not our bug: answered as a bad request.
+        assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_an_empty_inline_workflow_still_counts_as_a_source() -> None:
+    request = api_pb2.SubmitWorkflowRequest(workflow_name="stored")
+    request.workflow.SetInParent()
+    with pytest.raises(InvalidArgument, match="exactly one definition source"):
+        check_incoming(request)
+
+
+def test_submit_job_id_is_optional_but_must_be_a_uuid() -> None:
+    check_incoming(api_pb2.SubmitWorkflowRequest(workflow_name="stored"))
+    check_incoming(api_pb2.SubmitWorkflowRequest(workflow_name="stored", job_id=JOB_ID))
+    with pytest.raises(InvalidArgument, match="job_id:"):
+        check_incoming(api_pb2.SubmitWorkflowRequest(workflow_name="stored", job_id="42"))
+
+
+@pytest.mark.parametrize(
+    "job_id", ["", "42", JOB_ID.replace("-", ""), f"{{{JOB_ID}}}", f"urn:uuid:{JOB_ID}"]
+)
+def test_run_request_refuses_non_uuid_job_ids(job_id: str) -> None:
+    request = WorkflowRunRequest(job_id=job_id, workflow_name="stored")
+    problems = violations(request)
+    assert problems
+    assert all(p.startswith("job_id:") for p in problems)
+
+
+def test_run_request_needs_a_workflow_name() -> None:
+    with pytest.raises(InvalidArgument, match="workflow_name:"):
+        check_incoming(WorkflowRunRequest(job_id=JOB_ID))
+
+
+# --------------------------------------------------------------------------- job ids
+
+
+@pytest.mark.parametrize("text", [JOB_ID, JOB_ID.upper()])
+def test_parse_job_id_accepts_uuids(text: str) -> None:
+    assert parse_job_id(text) == uuid.UUID(JOB_ID)
+
+
+def test_parse_job_id_passes_uuid_objects_through() -> None:
+    value = uuid.uuid4()
+    assert parse_job_id(value) is value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "not-a-uuid",
+        JOB_ID[:-1],
+        JOB_ID + "0",
+        f" {JOB_ID}",
+        JOB_ID.replace("-", ""),
+        f"{{{JOB_ID}}}",
+        f"urn:uuid:{JOB_ID}",
+        # uuid.UUID() would take this: it drops every hyphen before parsing.
+        "8-a4a0f2e5b7c4d1e9f3a2b6c8d0e1f24",
+    ],
+)
+def test_parse_job_id_refuses_what_the_wire_contract_refuses(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_job_id(text)
+    assert repr(text) in caught.value.message
+    # The same string on the wire breaks the `string.uuid` rule too.
+    assert violations(WorkflowRunRequest(job_id=text, workflow_name="w"))
+
+
+# --------------------------------------------------------------------------- event ids
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_with_event_id_round_trips(event_id: int) -> None:
+    original = event(EventType.TYPE_COMPLETED, verdict="ok", result={"n": 3})
+    decoded = decode_event(with_event_id(encode_event(original), event_id))
+    assert decoded.event_id == event_id
+    decoded.event_id = 0
+    assert decoded == original
+
+
+def test_with_event_id_overrides_an_id_already_encoded() -> None:
+    original = event(EventType.TYPE_ACCEPTED)
+    original.event_id = 7
+    assert decode_event(with_event_id(encode_event(original), 8)).event_id == 8

@@ -1,0 +1,56 @@
+"""Everything that speaks SQL: pool, migrations, run store, outbox, stored definitions."""
+
+from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.definitions import DefinitionStore, StoredDefinition, validate_workflow_name
+from store.migrate import MigrationError, migrate
+from store.outbox import Outbox, OutboxRecord, OutboxRow, Publisher, RelayResult
+from store.pool import Pool, create_pool, open_pool
+from store.runs import (
+    ClaimedJob,
+    CompleteStepResult,
+    Job,
+    JobPage,
+    Lease,
+    RetryOutcome,
+    RunStore,
+    StepOutcome,
+    StepVerdict,
+    StepVerifier,
+    SubmitResult,
+    SweepResult,
+)
+from store.states import STATUSES, TERMINAL, TRANSITIONS, Status
+
+__all__ = [
+    "JOBS_QUEUED_CHANNEL",
+    "OUTBOX_CHANNEL",
+    "STATUSES",
+    "TERMINAL",
+    "TRANSITIONS",
+    "ClaimedJob",
+    "CompleteStepResult",
+    "DefinitionStore",
+    "Job",
+    "JobPage",
+    "Lease",
+    "MigrationError",
+    "Outbox",
+    "OutboxRecord",
+    "OutboxRow",
+    "Pool",
+    "Publisher",
+    "RelayResult",
+    "RetryOutcome",
+    "RunStore",
+    "Status",
+    "StepOutcome",
+    "StepVerdict",
+    "StepVerifier",
+    "StoredDefinition",
+    "SubmitResult",
+    "SweepResult",
+    "create_pool",
+    "migrate",
+    "open_pool",
+    "validate_workflow_name",
+]

@@ -1,0 +1,975 @@
+"""The run store: one method per commit point of a job.
+
+A commit point changes the job row and writes its one outbox row in the same
+statement (a data-modifying CTE), so the event can never drift from the state it
+describes and the hot path costs one round trip. Event bytes are encoded here,
+at write time, so the relay only ships them.
+
+Fencing: every write a worker makes to a RUNNING row names its ``Lease``
+(owner and attempt). When the row no longer matches, the statement changes
+nothing, inserts no event, and ``LeaseLost`` is raised.
+
+Attempts count claims. A claim adds one; a voluntary hand-off (``hand_back`` at
+shutdown, the resume after an accepted ``complete_step``) gives it back, so
+parking on a human or restarting a fleet never pushes a job towards DEAD. The
+claim never takes a QUEUED row whose attempts are used up; the sweeper settles
+such rows DEAD (they only appear when an operator lowers ``max_attempts``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+
+from schemas.contract import (
+    EventType,
+    WorkflowRunEvent,
+    build_event,
+    encode_event,
+    parse_job_id,
+)
+from schemas.errors import InvalidArgument, LeaseLost, NotFound
+from store.definitions import validate_workflow_name
+from store.pool import Pool
+from store.states import Status, parse_status, transition
+
+DEFAULT_LIST_LIMIT = 50
+MAX_LIST_LIMIT = 500
+MAX_ATTEMPTS_CEILING = 100
+
+StepOutcome = Literal["COMPLETED", "ALREADY_DONE", "WRONG_STATE", "REJECTED"]
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One ``workflow_run`` row, every column."""
+
+    job_id: UUID
+    workflow_name: str
+    # None only for a job refused at submit (its stored workflow did not exist).
+    definition: dict[str, Any] | None
+    definition_hash: str
+    input: dict[str, Any]
+    status: str
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    outstanding_step: str | None
+    checkpoints: tuple[dict[str, Any], ...]
+    result: dict[str, Any] | None
+    verdict: str | None
+    error: str | None
+    lease_owner: str | None
+    lease_until: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a worker holds while a job is RUNNING; every fenced write names it."""
+
+    job_id: UUID
+    worker_id: str
+    attempt: int
+    # Carried so commit points can build their event without reading the row.
+    workflow_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    job: Job
+    lease: Lease
+    # The definition snapshot, never None for a claimable job.
+    definition: dict[str, Any]
+
+    @property
+    def job_id(self) -> UUID:
+        return self.job.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    job: Job
+    # False when a job with this job_id already existed; nothing was written.
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOutcome:
+    status: Literal["QUEUED", "DEAD"]
+    attempt: int
+    max_attempts: int
+    # When the job becomes claimable again (QUEUED); unchanged when DEAD.
+    run_after: datetime
+
+    @property
+    def dead(self) -> bool:
+        return self.status == "DEAD"
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    requeued: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepVerdict:
+    """The caller's judgement of a complete-step response.
+
+    ``response`` is the normalized form to checkpoint when accepted;
+    ``violations`` says why when rejected.
+    """
+
+    accepted: bool
+    response: dict[str, Any]
+    violations: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteStepResult:
+    outcome: StepOutcome
+    job: Job
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: tuple[Job, ...]
+    # Empty when there is no further page.
+    next_page_token: str
+
+
+StepVerifier = Callable[[dict[str, Any], dict[str, Any]], StepVerdict]
+
+
+# --------------------------------------------------------------------------- SQL
+
+JOB_COLUMNS = (
+    "job_id",
+    "workflow_name",
+    "workflow_definition",
+    "definition_hash",
+    "input",
+    "status",
+    "attempt",
+    "max_attempts",
+    "run_after",
+    "outstanding_step",
+    "checkpoints",
+    "result",
+    "verdict",
+    "error",
+    "lease_owner",
+    "lease_until",
+    "created_at",
+    "updated_at",
+)
+_COLUMNS = ", ".join(JOB_COLUMNS)
+_R_COLUMNS = ", ".join(f"r.{column}" for column in JOB_COLUMNS)
+
+
+def _lit(status: str) -> str:
+    # Statuses are inlined rather than bound: a partial index (WHERE status =
+    # 'QUEUED') can only serve a plan that sees the literal.
+    return f"'{Status(status).value}'"
+
+
+# Every move a store method makes, checked against the state machine at import.
+CLAIM = transition(Status.QUEUED, Status.RUNNING)
+PARK = transition(Status.RUNNING, Status.WAITING)
+COMPLETE = transition(Status.RUNNING, Status.COMPLETED)
+FAIL = transition(Status.RUNNING, Status.FAILED)
+RETRY = transition(Status.RUNNING, Status.QUEUED)
+GIVE_UP = transition(Status.RUNNING, Status.DEAD)
+EXHAUSTED = transition(Status.QUEUED, Status.DEAD)
+RESUME = transition(Status.WAITING, Status.QUEUED)
+REJECT = transition(Status.WAITING, Status.FAILED)
+
+# Fenced writes only ever touch a RUNNING row: the lease exists only there.
+_RUNNING = _lit(Status.RUNNING)
+
+_OUTBOX_INSERT = "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
+
+# Submit and refuse-at-submit share one statement: insert the row unless the
+# job_id exists, write its event only if the row was inserted, and answer with
+# whichever row now stands. The second branch reads the statement's snapshot,
+# so a concurrent submit of the same id can make both branches empty; the
+# caller then simply asks again.
+SUBMIT_SQL = f"""
+WITH inserted AS (
+    INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, definition_hash,
+                              input, status, max_attempts, error, run_after)
+    VALUES (%(job_id)s, %(workflow_name)s, %(definition)s, %(definition_hash)s,
+            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now())
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING {_COLUMNS}
+), event AS (
+    {_OUTBOX_INSERT}
+    SELECT job_id, %(event_type)s, %(payload)s FROM inserted
+)
+SELECT true, {_COLUMNS} FROM inserted
+UNION ALL
+SELECT false, {_COLUMNS} FROM workflow_run
+ WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
+"""
+
+# The claim, whole: the oldest eligible row is locked (skipping rows another
+# claimer holds) and flipped to RUNNING with its lease in the same statement.
+CLAIM_SQL = f"""
+WITH picked AS (
+    SELECT job_id FROM workflow_run
+     WHERE status = {_lit(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
+     ORDER BY run_after, created_at
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_run AS r
+   SET status = {_lit(CLAIM[1])},
+       lease_owner = %(worker_id)s,
+       lease_until = now() + %(lease_s)s * interval '1 second',
+       attempt = r.attempt + 1,
+       updated_at = now()
+  FROM picked
+ WHERE r.job_id = picked.job_id
+RETURNING {_R_COLUMNS}
+"""
+
+_FENCE = (
+    f"job_id = %(job_id)s AND status = {_RUNNING}"
+    " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s"
+)
+
+EXTEND_LEASE_SQL = f"""
+UPDATE workflow_run
+   SET lease_until = now() + %(lease_s)s * interval '1 second', updated_at = now()
+ WHERE {_FENCE}
+RETURNING lease_until
+"""
+
+
+def _fenced_commit_point(assignments: str) -> str:
+    """A fenced row change and its event in one statement; no row, no event."""
+    return f"""
+WITH changed AS (
+    UPDATE workflow_run SET {assignments}, updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id
+)
+{_OUTBOX_INSERT}
+SELECT job_id, %(event_type)s, %(payload)s FROM changed
+RETURNING id
+"""
+
+
+CHECKPOINT_SQL = _fenced_commit_point(
+    # Appended server-side: the array is never shipped back and forth.
+    "checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb)"
+)
+PARK_SQL = _fenced_commit_point(
+    f"status = {_lit(PARK[1])}, outstanding_step = %(step_name)s, lease_until = NULL"
+)
+COMPLETE_SQL = _fenced_commit_point(
+    f"status = {_lit(COMPLETE[1])}, result = %(result)s, verdict = %(verdict)s,"
+    " error = NULL, outstanding_step = NULL, lease_until = NULL"
+)
+FAIL_SQL = _fenced_commit_point(
+    f"status = {_lit(FAIL[1])}, verdict = %(verdict)s, error = %(error)s, lease_until = NULL"
+)
+
+# Backoff and the decision between QUEUED and DEAD both read the row's own
+# attempt counters, under the row lock, against the database clock. The DEAD
+# event is prepared by the caller and only inserted when the row went DEAD.
+RETRY_OR_DIE_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = CASE WHEN attempt < max_attempts
+                         THEN {_lit(RETRY[1])} ELSE {_lit(GIVE_UP[1])} END,
+           run_after = CASE WHEN attempt < max_attempts
+                            THEN now() + %(base_s)s * power(2, attempt - 1) * interval '1 second'
+                            ELSE run_after END,
+           lease_owner = CASE WHEN attempt < max_attempts THEN NULL ELSE lease_owner END,
+           lease_until = NULL,
+           error = %(error)s,
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id, status, attempt, max_attempts, run_after
+), event AS (
+    {_OUTBOX_INSERT}
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed WHERE status = {_lit(GIVE_UP[1])}
+)
+SELECT status, attempt, max_attempts, run_after FROM changed
+"""
+
+# No event: the attempt is given back and the job simply waits for a claim.
+HAND_BACK_SQL = f"""
+UPDATE workflow_run
+   SET status = {_lit(RETRY[1])}, attempt = attempt - 1, run_after = now(),
+       lease_owner = NULL, lease_until = NULL, updated_at = now()
+ WHERE {_FENCE}
+RETURNING job_id
+"""
+
+SELECT_EXPIRED_SQL = f"""
+SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
+  FROM workflow_run
+ WHERE status = {_lit(GIVE_UP[0])} AND lease_until < now()
+ ORDER BY lease_until
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+SELECT_EXHAUSTED_SQL = f"""
+SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
+  FROM workflow_run
+ WHERE status = {_lit(EXHAUSTED[0])} AND attempt >= max_attempts
+ ORDER BY job_id
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+# The attempt that expired stays counted: a worker still running it must
+# never match a later claim's lease.
+SWEEP_REQUEUE_SQL = f"""
+UPDATE workflow_run AS r
+   SET status = {_lit(RETRY[1])}, run_after = now(), lease_owner = NULL, lease_until = NULL,
+       error = swept.error, updated_at = now()
+  FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[]) AS swept(job_id, error)
+ WHERE r.job_id = swept.job_id AND r.status = {_lit(RETRY[0])}
+"""
+
+SWEEP_DEAD_SQL = f"""
+WITH swept AS (
+    SELECT * FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[], %(payloads)s::bytea[])
+        AS swept(job_id, error, payload)
+), changed AS (
+    UPDATE workflow_run AS r
+       SET status = {_lit(GIVE_UP[1])}, lease_until = NULL, error = swept.error, updated_at = now()
+      FROM swept
+     WHERE r.job_id = swept.job_id AND r.status IN ({_lit(GIVE_UP[0])}, {_lit(EXHAUSTED[0])})
+    RETURNING r.job_id
+)
+{_OUTBOX_INSERT}
+SELECT swept.job_id, %(event_type)s, swept.payload
+  FROM swept JOIN changed USING (job_id)
+"""
+
+SELECT_JOB_SQL = f"SELECT {_COLUMNS} FROM workflow_run WHERE job_id = %(job_id)s"
+LOCK_JOB_SQL = SELECT_JOB_SQL + " FOR UPDATE"
+
+# The resume gives the parked attempt back (see the module docstring).
+ACCEPT_STEP_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(RESUME[1])},
+           checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+           outstanding_step = NULL, run_after = now(),
+           attempt = greatest(attempt - 1, 0),
+           lease_owner = NULL, lease_until = NULL, updated_at = now()
+     WHERE job_id = %(job_id)s AND status = {_lit(RESUME[0])}
+    RETURNING {_COLUMNS}
+), event AS (
+    {_OUTBOX_INSERT}
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed
+)
+SELECT {_COLUMNS} FROM changed
+"""
+
+REJECT_STEP_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
+           updated_at = now()
+     WHERE job_id = %(job_id)s AND status = {_lit(REJECT[0])}
+    RETURNING {_COLUMNS}
+), event AS (
+    {_OUTBOX_INSERT}
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed
+)
+SELECT {_COLUMNS} FROM changed
+"""
+
+
+def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool) -> str:
+    """Newest first, with whichever filters and cursor the call uses."""
+    conditions = []
+    if by_status:
+        conditions.append("status = %(status)s")
+    if by_name:
+        conditions.append("workflow_name = %(workflow_name)s")
+    if after:
+        # A row comparison the (created_at DESC, job_id DESC) indexes serve.
+        conditions.append("(created_at, job_id) < (%(after_created_at)s, %(after_job_id)s)")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (
+        f"SELECT {_COLUMNS} FROM workflow_run{where}"
+        " ORDER BY created_at DESC, job_id DESC LIMIT %(limit)s"
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _job(row: Sequence[Any]) -> Job:
+    (
+        job_id,
+        workflow_name,
+        definition,
+        definition_hash,
+        input_,
+        status,
+        attempt,
+        max_attempts,
+        run_after,
+        outstanding_step,
+        checkpoints,
+        result,
+        verdict,
+        error,
+        lease_owner,
+        lease_until,
+        created_at,
+        updated_at,
+    ) = row
+    return Job(
+        job_id=job_id,
+        workflow_name=workflow_name,
+        definition=definition,
+        definition_hash=definition_hash,
+        input=input_,
+        status=status,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_after=run_after,
+        outstanding_step=outstanding_step,
+        checkpoints=tuple(checkpoints),
+        result=result,
+        verdict=verdict,
+        error=error,
+        lease_owner=lease_owner,
+        lease_until=lease_until,
+        created_at=created_at,
+        updated_at=updated_at,
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _event_name(event_type: int) -> str:
+    return EventType.Name(event_type).removeprefix("TYPE_")
+
+
+def _as_uuid(job_id: UUID | str) -> UUID:
+    return job_id if isinstance(job_id, UUID) else parse_job_id(job_id)
+
+
+def _check_entry(entry: Mapping[str, Any]) -> tuple[str, bool, dict[str, Any]]:
+    name, skipped, response = entry.get("name"), entry.get("skipped"), entry.get("response")
+    if (
+        set(entry) != {"name", "skipped", "response"}
+        or not isinstance(name, str)
+        or not name
+        or not isinstance(skipped, bool)
+        or not isinstance(response, dict)
+    ):
+        raise InvalidArgument(
+            "a checkpoint entry is exactly {'name': non-empty str, 'skipped': bool, "
+            f"'response': dict}}, got {dict(entry)!r}"
+        )
+    return name, skipped, response
+
+
+def encode_page_token(created_at: datetime, job_id: UUID) -> str:
+    raw = f"{created_at.isoformat()}|{job_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def decode_page_token(token: str) -> tuple[datetime, UUID]:
+    try:
+        created_text, job_text = base64.urlsafe_b64decode(token.encode("ascii")).decode().split("|")
+        created_at = datetime.fromisoformat(created_text)
+        if created_at.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return created_at, UUID(job_text)
+    except (ValueError, UnicodeError, binascii.Error):
+        raise InvalidArgument(
+            f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
+        ) from None
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class RunStore:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        retry_base_s: float = 5.0,
+        default_max_attempts: int = 3,
+        lease_s: float = 300.0,
+    ) -> None:
+        if retry_base_s <= 0 or lease_s <= 0:
+            raise ValueError("retry_base_s and lease_s must be positive")
+        if not 1 <= default_max_attempts <= MAX_ATTEMPTS_CEILING:
+            raise ValueError(f"default_max_attempts must be within 1..{MAX_ATTEMPTS_CEILING}")
+        self._pool = pool
+        self.retry_base_s = retry_base_s
+        self.default_max_attempts = default_max_attempts
+        self.lease_s = lease_s
+
+    # ----------------------------------------------------------------- submit
+
+    async def submit(
+        self,
+        *,
+        job_id: UUID,
+        workflow_name: str,
+        definition: dict[str, Any],
+        definition_hash: str,
+        input: dict[str, Any],
+        max_attempts: int | None = None,
+    ) -> SubmitResult:
+        """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists."""
+        validate_workflow_name(workflow_name)
+        if max_attempts is None or max_attempts == 0:
+            max_attempts = self.default_max_attempts
+        if not 1 <= max_attempts <= MAX_ATTEMPTS_CEILING:
+            raise InvalidArgument(
+                f"max_attempts must be within 1..{MAX_ATTEMPTS_CEILING} (0 for the default "
+                f"{self.default_max_attempts}), got {max_attempts}"
+            )
+        event = build_event(
+            job_id=job_id,
+            event_type=EventType.TYPE_ACCEPTED,
+            workflow_name=workflow_name,
+            attempt=0,
+            occurred_at=_now(),
+        )
+        return await self._insert(
+            job_id=job_id,
+            workflow_name=workflow_name,
+            definition=Jsonb(definition),
+            definition_hash=definition_hash,
+            input=Jsonb(input),
+            status=Status.QUEUED.value,
+            max_attempts=max_attempts,
+            error=None,
+            event_type=_event_name(EventType.TYPE_ACCEPTED),
+            payload=encode_event(event),
+        )
+
+    async def submit_failed(
+        self, *, job_id: UUID, workflow_name: str, input: dict[str, Any], error: str
+    ) -> SubmitResult:
+        """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
+        event = build_event(
+            job_id=job_id,
+            event_type=EventType.TYPE_FAILED,
+            workflow_name=workflow_name,
+            attempt=0,
+            occurred_at=_now(),
+            error=error,
+        )
+        return await self._insert(
+            job_id=job_id,
+            workflow_name=workflow_name,
+            definition=None,
+            definition_hash="",
+            input=Jsonb(input),
+            status=Status.FAILED.value,
+            max_attempts=self.default_max_attempts,
+            error=error,
+            event_type=_event_name(EventType.TYPE_FAILED),
+            payload=encode_event(event),
+        )
+
+    async def _insert(self, **params: Any) -> SubmitResult:
+        async with self._pool.connection() as conn:
+            for _ in range(3):
+                cursor = await conn.execute(SUBMIT_SQL, params)
+                row = await cursor.fetchone()
+                if row is not None:
+                    return SubmitResult(job=_job(row[1:]), created=bool(row[0]))
+        raise RuntimeError(f"job {params['job_id']} neither inserted nor found")  # pragma: no cover
+
+    # ----------------------------------------------------------------- claim
+
+    async def claim(self, worker_id: str) -> ClaimedJob | None:
+        """Take the oldest eligible QUEUED job, or None when there is none."""
+        claimed = await self.claim_batch(worker_id, 1)
+        return claimed[0] if claimed else None
+
+    async def claim_batch(self, worker_id: str, limit: int) -> list[ClaimedJob]:
+        """Take up to ``limit`` eligible QUEUED jobs, oldest first, in one statement."""
+        if not worker_id or not worker_id.strip():
+            raise InvalidArgument("worker_id must not be blank: it is written into lease_owner")
+        if limit < 1:
+            raise InvalidArgument(f"claim limit must be at least 1, got {limit}")
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                CLAIM_SQL, {"limit": limit, "worker_id": worker_id, "lease_s": self.lease_s}
+            )
+            rows = await cursor.fetchall()
+        jobs = sorted((_job(row) for row in rows), key=lambda job: (job.run_after, job.created_at))
+        return [
+            ClaimedJob(
+                job=job,
+                lease=Lease(job.job_id, worker_id, job.attempt, job.workflow_name),
+                definition=job.definition or {},
+            )
+            for job in jobs
+        ]
+
+    # ----------------------------------------------------------------- fenced writes
+
+    async def extend_lease(self, lease: Lease) -> None:
+        """Push ``lease_until`` to now + lease; LeaseLost if the lease is gone."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                EXTEND_LEASE_SQL, {**_fence(lease), "lease_s": self.lease_s}
+            )
+            if await cursor.fetchone() is None:
+                raise _lease_lost(lease, "extend its lease")
+
+    async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
+        """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
+        name, skipped, response = _check_entry(entry)
+        event = build_event(
+            job_id=lease.job_id,
+            event_type=EventType.TYPE_STEP_CHECKPOINT,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=_now(),
+            step_name=name,
+            response=response,
+            skipped=skipped,
+        )
+        await self._commit_point(
+            CHECKPOINT_SQL,
+            lease,
+            event,
+            {"entry": Jsonb({"name": name, "skipped": skipped, "response": response})},
+            "checkpoint",
+        )
+
+    async def park(self, lease: Lease, step_name: str) -> None:
+        """WAITING on the external step ``step_name``, with its WAITING event."""
+        event = build_event(
+            job_id=lease.job_id,
+            event_type=EventType.TYPE_WAITING,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=_now(),
+            step_name=step_name,
+        )
+        await self._commit_point(PARK_SQL, lease, event, {"step_name": step_name}, "park")
+
+    async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
+        """COMPLETED with its verdict and result, with the COMPLETED event."""
+        event = build_event(
+            job_id=lease.job_id,
+            event_type=EventType.TYPE_COMPLETED,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=_now(),
+            verdict=verdict,
+            result=result,
+        )
+        await self._commit_point(
+            COMPLETE_SQL,
+            lease,
+            event,
+            {"result": Jsonb(result), "verdict": verdict},
+            "complete",
+        )
+
+    async def fail(self, lease: Lease, *, error: str = "", verdict: str = "") -> None:
+        """FAILED: a verdict (the violations) or a non-retryable error, recorded verbatim.
+
+        The FAILED event must carry an error, so a verdict failure also uses the
+        violations as its error; the row's ``verdict`` tells the two apart.
+        """
+        message = error or verdict
+        event = build_event(
+            job_id=lease.job_id,
+            event_type=EventType.TYPE_FAILED,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=_now(),
+            verdict=verdict,
+            error=message,
+        )
+        await self._commit_point(
+            FAIL_SQL, lease, event, {"verdict": verdict or None, "error": message}, "fail"
+        )
+
+    async def retry_or_die(self, lease: Lease, error: str) -> RetryOutcome:
+        """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim."""
+        dead_event = build_event(
+            job_id=lease.job_id,
+            event_type=EventType.TYPE_DEAD,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=_now(),
+            error=error,
+        )
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                RETRY_OR_DIE_SQL,
+                {
+                    **_fence(lease),
+                    "base_s": self.retry_base_s,
+                    "error": error,
+                    "event_type": _event_name(EventType.TYPE_DEAD),
+                    "payload": encode_event(dead_event),
+                },
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            raise _lease_lost(lease, "settle a retry")
+        status, attempt, max_attempts, run_after = row
+        return RetryOutcome(
+            status=status, attempt=attempt, max_attempts=max_attempts, run_after=run_after
+        )
+
+    async def hand_back(self, lease: Lease) -> None:
+        """QUEUED now, the attempt given back, no event: for shutdown or a store failure."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(HAND_BACK_SQL, _fence(lease))
+            if await cursor.fetchone() is None:
+                raise _lease_lost(lease, "hand the job back")
+
+    async def _commit_point(
+        self,
+        statement: str,
+        lease: Lease,
+        event: WorkflowRunEvent,
+        params: dict[str, Any],
+        what: str,
+    ) -> None:
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                statement,
+                {
+                    **_fence(lease),
+                    **params,
+                    "event_type": _event_name(event.type),
+                    "payload": encode_event(event),
+                },
+            )
+            if await cursor.fetchone() is None:
+                raise _lease_lost(lease, what)
+
+    # ----------------------------------------------------------------- sweeper
+
+    async def sweep_expired(self, *, limit: int = 1000) -> SweepResult:
+        """Requeue RUNNING rows whose lease passed, or DEAD them when no attempt is left.
+
+        Also settles DEAD any QUEUED row whose attempts are already used up.
+        """
+        requeue_ids: list[UUID] = []
+        requeue_errors: list[str] = []
+        dead_ids: list[UUID] = []
+        dead_errors: list[str] = []
+        dead_payloads: list[bytes] = []
+        async with self._pool.connection() as conn, conn.transaction():
+            expired = await (await conn.execute(SELECT_EXPIRED_SQL, {"limit": limit})).fetchall()
+            exhausted = await (
+                await conn.execute(SELECT_EXHAUSTED_SQL, {"limit": limit})
+            ).fetchall()
+            now = _now()
+            for job_id, name, status, attempt, max_attempts, owner, last_error in (
+                *expired,
+                *exhausted,
+            ):
+                if status == Status.RUNNING:
+                    error = f"lease expired on attempt {attempt}/{max_attempts} (worker {owner})"
+                    if attempt < max_attempts:
+                        requeue_ids.append(job_id)
+                        requeue_errors.append(error)
+                        continue
+                else:
+                    error = f"attempts exhausted ({attempt}/{max_attempts}) while queued"
+                    if last_error:
+                        error += f"; last error: {last_error}"
+                event = build_event(
+                    job_id=job_id,
+                    event_type=EventType.TYPE_DEAD,
+                    workflow_name=name,
+                    attempt=attempt,
+                    occurred_at=now,
+                    error=error,
+                )
+                dead_ids.append(job_id)
+                dead_errors.append(error)
+                dead_payloads.append(encode_event(event))
+            if requeue_ids:
+                await conn.execute(
+                    SWEEP_REQUEUE_SQL, {"job_ids": requeue_ids, "errors": requeue_errors}
+                )
+            if dead_ids:
+                await conn.execute(
+                    SWEEP_DEAD_SQL,
+                    {
+                        "job_ids": dead_ids,
+                        "errors": dead_errors,
+                        "payloads": dead_payloads,
+                        "event_type": _event_name(EventType.TYPE_DEAD),
+                    },
+                )
+        return SweepResult(requeued=len(requeue_ids), dead=len(dead_ids))
+
+    # ----------------------------------------------------------------- complete-step
+
+    async def complete_step(
+        self,
+        *,
+        job_id: UUID | str,
+        step_name: str,
+        response: dict[str, Any],
+        verify: StepVerifier,
+    ) -> CompleteStepResult:
+        """Answer a parked external step, gated again under the row lock.
+
+        ``verify(definition_snapshot, response)`` judges the response (parse
+        against the step's output type, run its validate rules); it runs while
+        the row is locked, so it must be quick and free of I/O.
+        """
+        job_id = _as_uuid(job_id)
+        if not step_name:
+            raise InvalidArgument("step_name must not be empty")
+        async with self._pool.connection() as conn, conn.transaction():
+            job = await _fetch_job(conn, LOCK_JOB_SQL, job_id)
+            if job.status != Status.WAITING or job.outstanding_step != step_name:
+                if any(entry.get("name") == step_name for entry in job.checkpoints):
+                    return CompleteStepResult(
+                        "ALREADY_DONE", job, f"step {step_name!r} of job {job_id} is already done"
+                    )
+                waiting = (
+                    f" on step {job.outstanding_step!r}" if job.status == Status.WAITING else ""
+                )
+                return CompleteStepResult(
+                    "WRONG_STATE",
+                    job,
+                    f"job {job_id} is {job.status}{waiting}, not WAITING on step {step_name!r}",
+                )
+            verdict = verify(job.definition or {}, response)
+            outcome: StepOutcome
+            if verdict.accepted:
+                entry = {"name": step_name, "skipped": False, "response": verdict.response}
+                event = build_event(
+                    job_id=job_id,
+                    event_type=EventType.TYPE_STEP_CHECKPOINT,
+                    workflow_name=job.workflow_name,
+                    attempt=job.attempt,
+                    occurred_at=_now(),
+                    step_name=step_name,
+                    response=verdict.response,
+                )
+                params: dict[str, Any] = {"entry": Jsonb(entry)}
+                statement, outcome = ACCEPT_STEP_SQL, "COMPLETED"
+                message = f"step {step_name!r} accepted; job {job_id} is queued to resume"
+            else:
+                violations = verdict.violations or "the response was rejected"
+                event = build_event(
+                    job_id=job_id,
+                    event_type=EventType.TYPE_FAILED,
+                    workflow_name=job.workflow_name,
+                    attempt=job.attempt,
+                    occurred_at=_now(),
+                    step_name=step_name,
+                    verdict=violations,
+                    error=violations,
+                )
+                params = {"verdict": violations, "error": violations}
+                statement, outcome = REJECT_STEP_SQL, "REJECTED"
+                message = f"step {step_name!r} response rejected: {violations}"
+            changed = await _fetch_job(
+                conn,
+                statement,
+                job_id,
+                {
+                    **params,
+                    "event_type": _event_name(event.type),
+                    "payload": encode_event(event),
+                },
+            )
+        return CompleteStepResult(outcome, changed, message)
+
+    # ----------------------------------------------------------------- reads
+
+    async def get(self, job_id: UUID | str) -> Job:
+        """The job row; NotFound when there is none."""
+        job_id = _as_uuid(job_id)
+        async with self._pool.connection() as conn:
+            return await _fetch_job(conn, SELECT_JOB_SQL, job_id)
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        workflow_name: str | None = None,
+        limit: int = 0,
+        page_token: str | None = None,
+    ) -> JobPage:
+        """Jobs newest first; 0 means 50, above 500 is clamped, negative is refused."""
+        if limit < 0:
+            raise InvalidArgument(f"limit must not be negative, got {limit}")
+        limit = DEFAULT_LIST_LIMIT if limit == 0 else min(limit, MAX_LIST_LIMIT)
+        params: dict[str, Any] = {"limit": limit + 1}
+        if status:
+            params["status"] = parse_status(status).value
+        if workflow_name:
+            params["workflow_name"] = workflow_name
+        if page_token:
+            params["after_created_at"], params["after_job_id"] = decode_page_token(page_token)
+        statement = list_jobs_sql(
+            by_status=bool(status), by_name=bool(workflow_name), after=bool(page_token)
+        )
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(statement, params)).fetchall()
+        jobs = tuple(_job(row) for row in rows[:limit])
+        token = ""
+        if len(rows) > limit:
+            token = encode_page_token(jobs[-1].created_at, jobs[-1].job_id)
+        return JobPage(jobs=jobs, next_page_token=token)
+
+
+def _fence(lease: Lease) -> dict[str, Any]:
+    return {"job_id": lease.job_id, "worker_id": lease.worker_id, "attempt": lease.attempt}
+
+
+def _lease_lost(lease: Lease, what: str) -> LeaseLost:
+    return LeaseLost(
+        f"worker {lease.worker_id!r} no longer holds job {lease.job_id} (attempt "
+        f"{lease.attempt}); could not {what}, nothing was written"
+    )
+
+
+async def _fetch_job(
+    conn: AsyncConnection[TupleRow],
+    statement: str,
+    job_id: UUID,
+    params: Mapping[str, Any] | None = None,
+) -> Job:
+    cursor = await conn.execute(statement, {"job_id": job_id, **(params or {})})
+    row = await cursor.fetchone()
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    return _job(row)

@@ -1,0 +1,49 @@
+"""Small builders shared by the store tests."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from store.runs import RunStore, SubmitResult
+
+DEFINITION: dict[str, Any] = {
+    "name": "embed-text",
+    "inputType": "jobs.test.Text",
+    "steps": [
+        {"name": "tokenize", "method": "jobs.test.Tokenizer/Tokenize"},
+        {"name": "review", "method": "jobs.test.ReviewDesk/Review", "completion": "external"},
+    ],
+}
+
+
+async def submit(
+    store: RunStore,
+    *,
+    name: str = "embed-text",
+    max_attempts: int | None = None,
+    job_id: uuid.UUID | None = None,
+) -> SubmitResult:
+    return await store.submit(
+        job_id=job_id or uuid.uuid4(),
+        workflow_name=name,
+        definition={**DEFINITION, "name": name},
+        definition_hash="hash-" + name,
+        input={"text": "hello"},
+        max_attempts=max_attempts,
+    )
+
+
+async def submit_many(store: RunStore, count: int, *, name: str = "embed-text") -> list[uuid.UUID]:
+    """``count`` jobs, submitted a few at a time; their ids in submit order."""
+    ids = [uuid.uuid4() for _ in range(count)]
+    for start in range(0, count, 20):
+        await asyncio.gather(
+            *(submit(store, name=name, job_id=job_id) for job_id in ids[start : start + 20])
+        )
+    return ids
+
+
+def entry(name: str, **response: Any) -> dict[str, Any]:
+    return {"name": name, "skipped": False, "response": dict(response)}

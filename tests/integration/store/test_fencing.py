@@ -1,0 +1,93 @@
+"""A worker whose lease was swept changes nothing and publishes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from schemas.contract import decode_event
+from schemas.errors import LeaseLost
+from store.outbox import Outbox
+from store.pool import Pool
+from store.runs import Lease, RunStore
+from tests.integration.store.helpers import entry, submit
+
+TINY_LEASE_S = 0.05
+
+
+async def _swept_lease(store: RunStore) -> Lease:
+    await submit(store)
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    await asyncio.sleep(TINY_LEASE_S * 3)
+    swept = await store.sweep_expired()
+    assert swept.requeued == 1
+    return claimed.lease
+
+
+async def _assert_every_fenced_write_refused(store: RunStore, lease: Lease) -> None:
+    writes: dict[str, Callable[[], Awaitable[object]]] = {
+        "extend_lease": lambda: store.extend_lease(lease),
+        "checkpoint": lambda: store.checkpoint(lease, entry("tokenize", ids=[1])),
+        "park": lambda: store.park(lease, "review"),
+        "complete": lambda: store.complete(lease, result={"ok": True}, verdict="done"),
+        "fail with an error": lambda: store.fail(lease, error="INVALID_ARGUMENT: boom"),
+        "fail with a verdict": lambda: store.fail(lease, verdict="text: must not be empty"),
+        "retry_or_die": lambda: store.retry_or_die(lease, "UNAVAILABLE"),
+        "hand_back": lambda: store.hand_back(lease),
+    }
+    for what, write in writes.items():
+        with pytest.raises(LeaseLost, match="no longer holds"):
+            await write()
+            pytest.fail(f"{what} succeeded with a lost lease")
+
+
+async def test_a_swept_worker_cannot_write_and_publishes_nothing(pool: Pool) -> None:
+    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    outbox = Outbox(pool)
+    stale = await _swept_lease(store)
+    before = await store.get(stale.job_id)
+    assert before.status == "QUEUED"
+
+    await _assert_every_fenced_write_refused(store, stale)
+
+    after = await store.get(stale.job_id)
+    assert after == before
+    events = [decode_event(row.payload) for row in await outbox.events_for(stale.job_id)]
+    assert [event.type for event in events] == [1]  # ACCEPTED only
+    assert all(event.attempt != stale.attempt for event in events)
+
+
+async def test_a_swept_worker_cannot_write_over_the_next_claim(pool: Pool) -> None:
+    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    outbox = Outbox(pool)
+    stale = await _swept_lease(store)
+    # The same worker id claims again: only the attempt tells the two runs apart.
+    store_long = RunStore(pool)
+    fresh = await store_long.claim("w1")
+    assert fresh is not None
+    assert fresh.lease.attempt == stale.attempt + 1
+
+    await _assert_every_fenced_write_refused(store, stale)
+
+    job = await store.get(stale.job_id)
+    assert job.status == "RUNNING"
+    assert job.attempt == fresh.lease.attempt
+    assert job.checkpoints == ()
+    # The live lease still works.
+    await store_long.checkpoint(fresh.lease, entry("tokenize", ids=[1]))
+    events = [decode_event(row.payload) for row in await outbox.events_for(stale.job_id)]
+    assert [event.attempt for event in events] == [0, fresh.lease.attempt]
+
+
+async def test_a_settled_job_refuses_its_old_lease(store: RunStore) -> None:
+    await submit(store)
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    await store.complete(claimed.lease, result={"n": 1}, verdict="ok")
+    with pytest.raises(LeaseLost):
+        await store.checkpoint(claimed.lease, entry("late", x=1))
+    with pytest.raises(LeaseLost):
+        await store.complete(claimed.lease, result={"n": 2}, verdict="again")

@@ -1,0 +1,68 @@
+"""Pure pieces of the store: page tokens, migration files, channels, entry checks."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from importlib import resources
+
+import pytest
+
+from schemas.errors import InvalidArgument
+from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.definitions import validate_workflow_name
+from store.migrate import load_migrations
+from store.runs import decode_page_token, encode_page_token, list_jobs_sql
+
+
+def test_a_page_token_round_trips() -> None:
+    created_at = datetime(2026, 3, 1, 12, 30, 0, 123456, tzinfo=UTC)
+    job_id = uuid.uuid4()
+    token = encode_page_token(created_at, job_id)
+    assert decode_page_token(token) == (created_at, job_id)
+    assert str(job_id) not in token  # opaque to callers
+
+
+@pytest.mark.parametrize("token", ["", "%%%", "YWJj", "MjAyNi0wMS0wMXx4eXo="])
+def test_a_malformed_page_token_is_refused(token: str) -> None:
+    with pytest.raises(InvalidArgument, match="previous answer"):
+        decode_page_token(token)
+
+
+def test_migration_files_are_numbered_in_order_and_shipped() -> None:
+    names = [migration.name for migration in load_migrations()]
+    assert names == sorted(names)
+    assert [name[:4] for name in names] == [f"{n:04d}" for n in range(1, len(names) + 1)]
+    assert names[:3] == [
+        "0001_workflow_run.sql",
+        "0002_workflow_run_events_outbox.sql",
+        "0003_workflow_definition.sql",
+    ]
+
+
+def test_the_notify_channels_are_the_ones_the_triggers_use() -> None:
+    sql = "\n".join(migration.sql for migration in load_migrations())
+    assert f"pg_notify('{JOBS_QUEUED_CHANNEL}'" in sql
+    assert f"pg_notify('{OUTBOX_CHANNEL}'" in sql
+
+
+def test_the_migrations_package_ships_its_sql() -> None:
+    shipped = {entry.name for entry in resources.files("migrations").iterdir()}
+    assert {migration.name for migration in load_migrations()} <= shipped
+
+
+def test_list_sql_has_one_shape_per_filter() -> None:
+    assert "WHERE" not in list_jobs_sql(by_status=False, by_name=False, after=False)
+    both = list_jobs_sql(by_status=True, by_name=True, after=True)
+    assert "status = %(status)s AND workflow_name = %(workflow_name)s AND (created_at" in both
+
+
+@pytest.mark.parametrize("name", ["a", "embed-text", "v1.2_beta", "X" * 200])
+def test_good_workflow_names(name: str) -> None:
+    assert validate_workflow_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a b", "a/b", "X" * 201, "naïve"])
+def test_bad_workflow_names(name: str) -> None:
+    with pytest.raises(InvalidArgument, match="malformed"):
+        validate_workflow_name(name)

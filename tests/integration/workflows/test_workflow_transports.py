@@ -1,0 +1,252 @@
+"""The engine end to end over both transports: in-process handlers and a real gRPC server.
+
+The server is a ``grpc.aio`` server on 127.0.0.1, its services built from the
+test descriptor set, started and stopped here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from google.protobuf import json_format
+
+from tests.workflows_fixtures import (
+    EMBED,
+    REVIEW,
+    TOKENIZE,
+    CallLog,
+    TestGrpcServer,
+    embed_vector,
+    envelope,
+    make_registry,
+    message_class,
+    tokenize_ids,
+    unused_target,
+)
+from workflows import (
+    Completed,
+    FailureKind,
+    GrpcChannels,
+    HandlerRegistry,
+    Parked,
+    StepFailure,
+    SynchronousRunRefused,
+    compile_definition,
+    run_segment,
+    run_workflow,
+)
+
+TEXT = "the quick brown fox"
+
+
+@dataclass
+class Transport:
+    name: str
+    target: str
+    registry: HandlerRegistry
+    calls: CallLog
+    channels: GrpcChannels
+
+    def envelope(self, **options: Any) -> dict[str, Any]:
+        return envelope(target=self.target, **options)
+
+    async def run(
+        self,
+        definition: dict[str, Any],
+        input: dict[str, Any],
+        checkpoints: list[dict[str, Any]] | None = None,
+        *,
+        attempt: int = 1,
+        job_id: str = "job-t",
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        workflow = compile_definition(definition)
+        entries: list[dict[str, Any]] = []
+
+        async def observe(entry: dict[str, Any]) -> None:
+            entries.append(entry)
+
+        outcome = await run_segment(
+            workflow,
+            workflow.validate_input(input),
+            checkpoints or [],
+            job_id=job_id,
+            attempt=attempt,
+            on_checkpoint=observe,
+            registry=self.registry,
+            channels=self.channels,
+        )
+        return outcome, entries
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def grpc_server() -> AsyncIterator[TestGrpcServer]:
+    async with TestGrpcServer() as server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def channels() -> AsyncIterator[GrpcChannels]:
+    pool = GrpcChannels()
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(params=["python", "grpc"])
+def transport(
+    request: pytest.FixtureRequest, grpc_server: TestGrpcServer, channels: GrpcChannels
+) -> Transport:
+    if request.param == "python":
+        calls = CallLog()
+        return Transport("python", "local", make_registry(calls), calls, channels)
+    grpc_server.calls = CallLog()
+    grpc_server.metadata.clear()
+    return Transport("grpc", grpc_server.target, HandlerRegistry(), grpc_server.calls, channels)
+
+
+async def test_three_steps_checkpoint_proto3_json(transport: Transport) -> None:
+    outcome, entries = await transport.run(transport.envelope(review="invoke"), {"text": TEXT})
+    assert isinstance(outcome, Completed)
+    assert outcome.verdict == "completed 3 steps: tokenize, embed, review"
+    ids = tokenize_ids(TEXT)
+    assert [entry["name"] for entry in entries] == ["tokenize", "embed", "review"]
+    types = ["jobs.test.Tokens", "jobs.test.Embedding", "jobs.test.ReviewResult"]
+    for entry, type_name in zip(entries, types, strict=True):
+        json_format.ParseDict(entry["response"], message_class(type_name)())
+    assert entries[0]["response"] == {"ids": ids, "count": len(ids)}
+    assert entries[1]["response"] == {"vector": embed_vector(ids), "dimensions": 4}
+    assert entries[2]["response"]["approved"] is True
+    assert transport.calls.counts == {TOKENIZE: 1, EMBED: 1, REVIEW: 1}
+    assert transport.calls.keys == ["job-t:tokenize", "job-t:embed", "job-t:review"]
+
+
+async def test_resume_does_not_call_the_first_step_again(transport: Transport) -> None:
+    definition = transport.envelope(review="invoke")
+    _, entries = await transport.run(definition, {"text": TEXT})
+    assert transport.calls[TOKENIZE] == 1
+
+    outcome, more = await transport.run(definition, {"text": TEXT}, entries[:1], attempt=2)
+    assert isinstance(outcome, Completed)
+    assert transport.calls[TOKENIZE] == 1
+    assert transport.calls[EMBED] == 2 and transport.calls[REVIEW] == 2
+    assert [entry["name"] for entry in more] == ["embed", "review"]
+    assert transport.calls.attempts[-2:] == [2, 2]
+
+
+async def test_a_changed_definition_under_a_live_job_fails_loudly(transport: Transport) -> None:
+    definition = transport.envelope(review="invoke")
+    renamed = [{"name": "tokens", "skipped": False, "response": {"ids": [1], "count": 1}}]
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(definition, {"text": TEXT}, renamed)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert "checkpoint 0 names step 'tokens'" in caught.value.message
+    assert "the definition changed under a live job" in caught.value.message
+
+    reshaped = [{"name": "tokenize", "skipped": False, "response": {"vector": [0.5]}}]
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(definition, {"text": TEXT}, reshaped)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert "no longer parses as jobs.test.Tokens" in caught.value.message
+    assert "the definition changed under a live job" in caught.value.message
+    assert sum(transport.calls.counts.values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        ("UNAVAILABLE", FailureKind.RETRYABLE),
+        ("DEADLINE_EXCEEDED", FailureKind.RETRYABLE),
+        ("RESOURCE_EXHAUSTED", FailureKind.RETRYABLE),
+        ("INVALID_ARGUMENT", FailureKind.NON_RETRYABLE),
+        ("PERMISSION_DENIED", FailureKind.NON_RETRYABLE),
+        ("INTERNAL", FailureKind.NON_RETRYABLE),
+    ],
+)
+async def test_grpc_statuses_are_classified(
+    transport: Transport, status: str, kind: FailureKind
+) -> None:
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(transport.envelope(review="invoke"), {"text": TEXT, "fail": status})
+    assert caught.value.kind is kind
+    assert caught.value.step_name == "tokenize"
+    assert caught.value.message == f"gRPC {status}: test fault {status}"
+
+
+async def test_a_failed_validate_rule_is_a_verdict(transport: Transport) -> None:
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(transport.envelope(review="invoke"), {"text": "reject it"})
+    assert caught.value.kind is FailureKind.VERDICT
+    assert caught.value.violations == ("validate rule `response.approved` is false",)
+    assert caught.value.response is not None
+    assert caught.value.response["approved"] is False
+
+
+async def test_an_external_step_parks_without_being_invoked(transport: Transport) -> None:
+    outcome, entries = await transport.run(transport.envelope(review="external"), {"text": TEXT})
+    assert isinstance(outcome, Parked)
+    assert outcome.step_name == "review"
+    assert outcome.request == {"text": TEXT, "dimensions": 4}
+    assert [entry["name"] for entry in entries] == ["tokenize", "embed"]
+    assert transport.calls[REVIEW] == 0
+
+
+async def test_a_segment_over_its_deadline_is_retryable(transport: Transport) -> None:
+    definition = transport.envelope(review="invoke", deadline_ms=150)
+    started = time.monotonic()
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(definition, {"text": TEXT, "delay_ms": 3000})
+    assert time.monotonic() - started < 2
+    assert caught.value.kind is FailureKind.RETRYABLE
+    assert caught.value.step_name == "tokenize"
+
+
+async def test_synchronous_mode_runs_and_refuses_external(transport: Transport) -> None:
+    result = await run_workflow(
+        transport.envelope(review="invoke"),
+        {"text": TEXT},
+        registry=transport.registry,
+        channels=transport.channels,
+    )
+    assert result["ids"] == tokenize_ids(TEXT)
+    with pytest.raises(SynchronousRunRefused, match=r"submit-workflow"):
+        await run_workflow(
+            transport.envelope(review="external"), {"text": TEXT}, registry=transport.registry
+        )
+
+
+async def test_grpc_calls_carry_the_job_in_metadata(
+    grpc_server: TestGrpcServer, channels: GrpcChannels
+) -> None:
+    grpc_server.metadata.clear()
+    transport = Transport("grpc", grpc_server.target, HandlerRegistry(), CallLog(), channels)
+    await transport.run(transport.envelope(review=None), {"text": TEXT}, job_id="job-m", attempt=4)
+    first = grpc_server.metadata[0]
+    assert first["x-job-id"] == "job-m"
+    assert first["x-step-name"] == "tokenize"
+    assert first["x-attempt"] == "4"
+    assert first["x-idempotency-key"] == "job-m:tokenize"
+
+
+async def test_a_target_nobody_listens_on_is_unavailable(channels: GrpcChannels) -> None:
+    transport = Transport("grpc", unused_target(), HandlerRegistry(), CallLog(), channels)
+    with pytest.raises(StepFailure) as caught:
+        await transport.run(transport.envelope(review=None, deadline_ms=5000), {"text": TEXT})
+    assert caught.value.kind is FailureKind.RETRYABLE
+    assert caught.value.message.startswith("gRPC UNAVAILABLE")
+
+
+async def test_a_registered_handler_wins_over_the_target(grpc_server: TestGrpcServer) -> None:
+    grpc_server.calls = CallLog()
+    calls = CallLog()
+    result = await run_workflow(
+        envelope(target=grpc_server.target, review="invoke"),
+        {"text": TEXT},
+        registry=make_registry(calls),
+    )
+    assert result["reviewer"] == "auto"
+    assert calls[TOKENIZE] == 1
+    assert sum(grpc_server.calls.counts.values()) == 0

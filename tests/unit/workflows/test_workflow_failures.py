@@ -1,0 +1,90 @@
+"""The failure taxonomy, one exception at a time."""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+import pytest
+
+from schemas.errors import InvalidArgument
+from workflows import (
+    DefinitionError,
+    FailureKind,
+    NonRetryableError,
+    RetryableError,
+    SegmentDeadlineExceeded,
+    StepFailure,
+    classify,
+)
+
+
+def _rpc_error(code: grpc.StatusCode, details: str = "it broke") -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ],
+)
+def test_transient_grpc_statuses_are_retryable(code: grpc.StatusCode) -> None:
+    failure = classify(_rpc_error(code), "embed")
+    assert failure.kind is FailureKind.RETRYABLE
+    assert failure.retryable
+    assert failure.message == f"gRPC {code.name}: it broke"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    ],
+)
+def test_other_grpc_statuses_are_not(code: grpc.StatusCode) -> None:
+    failure = classify(_rpc_error(code), "embed")
+    assert failure.kind is FailureKind.NON_RETRYABLE
+    assert not failure.retryable
+
+
+def test_handler_errors_say_what_they_are() -> None:
+    assert classify(RetryableError("quota"), "s").kind is FailureKind.RETRYABLE
+    assert classify(NonRetryableError("bad"), "s").kind is FailureKind.NON_RETRYABLE
+    crash = classify(ZeroDivisionError("division by zero"), "s")
+    assert crash.kind is FailureKind.NON_RETRYABLE
+    assert crash.message == "ZeroDivisionError: division by zero"
+
+
+def test_the_segment_deadline_is_retryable() -> None:
+    failure = classify(SegmentDeadlineExceeded("ran past 100 ms"), "tokenize")
+    assert failure.kind is FailureKind.RETRYABLE
+    assert str(failure) == "step 'tokenize': ran past 100 ms"
+
+
+def test_definition_and_argument_defects_are_not_retryable() -> None:
+    assert classify(DefinitionError("broken"), "s").kind is FailureKind.NON_RETRYABLE
+    assert classify(InvalidArgument("broken"), "s").message == "broken"
+
+
+def test_a_step_failure_passes_through() -> None:
+    failure = StepFailure(FailureKind.VERDICT, "review", "no", violations=["a is false"])
+    assert classify(failure, "other") is failure
+    assert failure.violations == ("a is false",)
+    assert "VERDICT" in repr(failure)
+
+
+def test_an_empty_message_still_says_something() -> None:
+    assert classify(RetryableError(), "s").message == "RetryableError"
+
+
+def test_a_failure_outside_any_step_has_no_prefix() -> None:
+    failure = StepFailure(FailureKind.NON_RETRYABLE, "", "output rule failed")
+    assert str(failure) == "output rule failed"

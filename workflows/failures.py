@@ -1,0 +1,145 @@
+"""The failure taxonomy. Every way a step can fail is sorted here, and only here.
+
+Three kinds, and what the service does with each:
+
+* ``RETRYABLE`` - the same step may succeed later: gRPC ``UNAVAILABLE``,
+  ``DEADLINE_EXCEEDED`` or ``RESOURCE_EXHAUSTED``; a segment that ran past its
+  ``deadlineMs``; a handler raising :class:`RetryableError`. The job is requeued
+  with backoff until its attempts run out.
+* ``VERDICT`` - a step's response broke its ``validate`` rules. That is the
+  workflow's answer, not an error: the job fails with the violations recorded.
+* ``NON_RETRYABLE`` - retrying cannot help: a mapping rule that cannot be
+  evaluated, a checkpoint that no longer matches the definition, any other gRPC
+  status, a handler raising anything else. The job fails, loudly.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from schemas.errors import WorkflowJobsError
+
+
+class FailureKind(enum.Enum):
+    RETRYABLE = "retryable"
+    VERDICT = "verdict"
+    NON_RETRYABLE = "non_retryable"
+
+
+class RetryableError(Exception):
+    """Raise from a handler when the same call may succeed later (a dependency is down)."""
+
+
+class NonRetryableError(Exception):
+    """Raise from a handler to fail the job at once; the message is recorded verbatim."""
+
+
+class SegmentDeadlineExceeded(Exception):
+    """A segment ran past the workflow's ``deadlineMs``."""
+
+
+RETRYABLE_GRPC_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+
+class StepFailure(Exception):
+    """A step failed, already classified.
+
+    ``message`` is the underlying error verbatim; ``str(failure)`` prefixes the
+    step name and is what belongs in the job row's ``error`` column. A verdict
+    carries its ``violations`` and, when a step answered, the rejected
+    ``response`` (proto3 JSON) so the record shows what was refused.
+    """
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        step_name: str,
+        message: str,
+        *,
+        violations: Iterable[str] = (),
+        response: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.step_name = step_name
+        self.message = message
+        self.violations = tuple(violations)
+        self.response = dict(response) if response is not None else None
+        super().__init__(self.describe())
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind is FailureKind.RETRYABLE
+
+    def describe(self) -> str:
+        return f"step {self.step_name!r}: {self.message}" if self.step_name else self.message
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __repr__(self) -> str:
+        return f"StepFailure({self.kind.name}, {self.step_name!r}, {self.message!r})"
+
+
+def _text(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+def classify(exc: BaseException, step_name: str) -> StepFailure:
+    """Sort any exception raised while running ``step_name`` into the taxonomy."""
+    if isinstance(exc, StepFailure):
+        return exc
+    if isinstance(exc, RetryableError):
+        return StepFailure(FailureKind.RETRYABLE, step_name, _text(exc))
+    if isinstance(exc, NonRetryableError):
+        return StepFailure(FailureKind.NON_RETRYABLE, step_name, _text(exc))
+    if isinstance(exc, SegmentDeadlineExceeded):
+        return StepFailure(FailureKind.RETRYABLE, step_name, _text(exc))
+    if isinstance(exc, grpc.RpcError):
+        code = _grpc_code(exc)
+        details = _grpc_details(exc)
+        name = code.name if code is not None else "UNKNOWN"
+        kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
+        return StepFailure(kind, step_name, f"gRPC {name}: {details}")
+    if isinstance(exc, WorkflowJobsError):
+        # Definition, input and mapping defects are deterministic: retrying repeats them.
+        return StepFailure(FailureKind.NON_RETRYABLE, step_name, exc.message)
+    return StepFailure(FailureKind.NON_RETRYABLE, step_name, f"{type(exc).__name__}: {exc}")
+
+
+def _grpc_code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    code = getattr(exc, "code", None)
+    if not callable(code):
+        return None
+    value = code()
+    return value if isinstance(value, grpc.StatusCode) else None
+
+
+def _grpc_details(exc: grpc.RpcError) -> str:
+    details = getattr(exc, "details", None)
+    if callable(details):
+        text = details()
+        if text:
+            return str(text)
+    return "(no details)"
+
+
+__all__ = [
+    "RETRYABLE_GRPC_CODES",
+    "FailureKind",
+    "NonRetryableError",
+    "RetryableError",
+    "SegmentDeadlineExceeded",
+    "StepFailure",
+    "classify",
+]

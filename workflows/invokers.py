@@ -1,0 +1,268 @@
+"""Step invokers: in-process Python handlers and remote gRPC services.
+
+Which one runs a step is decided per call: a method with a handler registered
+in the registry the runner was given runs in-process, whatever the target says
+(so a definition pointing at a service can be exercised locally). Otherwise
+the step's ``target`` must be ``host:port`` and the method is called there over
+gRPC; ``"local"`` or no target with no handler is a non-retryable defect.
+
+Handlers::
+
+    registry = HandlerRegistry()
+
+    @registry.handler("jobs.test.Tokenizer/Tokenize")
+    async def tokenize(request: Message, ctx: StepContext) -> Message:
+        return ctx.response_type(ids=[len(word) for word in request.text.split()])
+
+A handler receives the request as a message of the definition's own descriptor
+pool and may return a message of the response type (from that pool via
+``ctx.response_type``, or a generated class with the same full name), or a
+proto3 JSON dict. It must be idempotent on ``ctx.idempotency_key``
+(``job_id:step_name``): a step can run again when its checkpoint did not land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from workflows.definition import Step
+from workflows.failures import FailureKind, StepFailure
+from workflows.protojson import MessageError
+
+Handler = Callable[[Message, "StepContext"], Awaitable[Message | Mapping[str, Any]]]
+H = TypeVar("H", bound=Handler)
+
+_METHOD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*/[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a handler knows about the call it serves.
+
+    ``expires_at`` is the segment's deadline on ``clock``; ``deadline`` is the
+    time left, in seconds, when read.
+    """
+
+    job_id: str
+    step_name: str
+    attempt: int
+    expires_at: float
+    response_type: type[Message]
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.job_id}:{self.step_name}"
+
+    @property
+    def deadline(self) -> float:
+        return max(0.0, self.expires_at - self.clock())
+
+
+class HandlerRegistry:
+    """In-process handlers by method name (``package.Service/Method``)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def handler(self, method: str) -> Callable[[H], H]:
+        """Decorator: register the decorated async function for ``method``."""
+
+        def register(function: H) -> H:
+            self.register(method, function)
+            return function
+
+        return register
+
+    def register(self, method: str, function: Handler, *, replace: bool = False) -> None:
+        if not isinstance(method, str) or not _METHOD.fullmatch(method):
+            raise ValueError(
+                f"a handler method must look like package.Service/Method, got {method!r}"
+            )
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(f"the handler for {method} must be an async function")
+        if method in self._handlers and not replace and self._handlers[method] is not function:
+            raise ValueError(f"a handler for {method} is already registered")
+        self._handlers[method] = function
+
+    def get(self, method: str) -> Handler | None:
+        return self._handlers.get(method)
+
+    def methods(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def __contains__(self, method: object) -> bool:
+        return method in self._handlers
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+
+# The registry that the module-level ``handler`` decorator fills. Handler modules
+# loaded from configuration may use it; code that can pass a registry should.
+default_registry = HandlerRegistry()
+handler = default_registry.handler
+
+
+def load_handler_modules(
+    names: Iterable[str] | str, registry: HandlerRegistry | None = None
+) -> list[ModuleType]:
+    """Import the configured handler modules (a list, or one comma-separated string).
+
+    A module registers its handlers either with the module-level ``handler``
+    decorator on import, or by defining ``register_handlers(registry)``, which
+    is called with ``registry`` (or :data:`default_registry`).
+    """
+    if isinstance(names, str):
+        names = names.split(",")
+    target = registry if registry is not None else default_registry
+    modules: list[ModuleType] = []
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise ImportError(f"handler module {name!r} cannot be imported: {exc}") from exc
+        register = getattr(module, "register_handlers", None)
+        if callable(register):
+            register(target)
+        modules.append(module)
+    return modules
+
+
+class GrpcChannels:
+    """One ``grpc.aio`` channel per target, and one callable per method on it.
+
+    Channels belong to the event loop they were made on; a call from another
+    loop gets a fresh channel rather than a broken one.
+    """
+
+    def __init__(self, options: Iterable[tuple[str, Any]] = ()) -> None:
+        self._options = tuple(options)
+        self._channels: dict[str, tuple[asyncio.AbstractEventLoop, grpc.aio.Channel]] = {}
+        self._calls: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    def unary(
+        self, target: str, path: str, response_type: type[Message]
+    ) -> grpc.aio.UnaryUnaryMultiCallable:
+        loop = asyncio.get_running_loop()
+        held = self._channels.get(target)
+        if held is None or held[0] is not loop:
+            channel = grpc.aio.insecure_channel(target, options=self._options)
+            self._channels[target] = (loop, channel)
+            self._calls = {key: call for key, call in self._calls.items() if key[0] != target}
+        else:
+            channel = held[1]
+        key = (target, path)
+        call = self._calls.get(key)
+        if call is None:
+            call = channel.unary_unary(
+                path,
+                request_serializer=_serialize,
+                response_deserializer=response_type.FromString,
+            )
+            self._calls[key] = call
+        return call
+
+    async def close(self) -> None:
+        channels = [channel for _, channel in self._channels.values()]
+        self._channels.clear()
+        self._calls.clear()
+        for channel in channels:
+            await channel.close()
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+# Used when the runner is given no channel cache of its own.
+default_channels = GrpcChannels()
+
+
+async def invoke(
+    step: Step,
+    request: Message,
+    context: StepContext,
+    registry: HandlerRegistry,
+    channels: GrpcChannels,
+) -> Message:
+    """Run one step: its in-process handler if registered, else its gRPC target."""
+    function = registry.get(step.method)
+    if function is not None:
+        return coerce_response(await function(request, context), step)
+    if step.remote_target is None:
+        raise StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step.name,
+            f"no in-process handler is registered for {step.method} and the step has "
+            "no host:port target; load the module that registers it, or give the step a target",
+        )
+    call = channels.unary(step.remote_target, step.grpc_path, step.response_type)
+    metadata = (
+        ("x-job-id", context.job_id),
+        ("x-step-name", context.step_name),
+        ("x-attempt", str(context.attempt)),
+        ("x-idempotency-key", context.idempotency_key),
+    )
+    response: Message = await call(request, timeout=max(context.deadline, 0.001), metadata=metadata)
+    return response
+
+
+def coerce_response(value: Any, step: Step) -> Message:
+    """Accept a handler's answer in any of the forms the module docstring allows."""
+    expected = step.response_type
+    if isinstance(value, expected):
+        return value
+    full_name = expected.DESCRIPTOR.full_name
+    if isinstance(value, Message):
+        if value.DESCRIPTOR.full_name == full_name:
+            return expected.FromString(value.SerializeToString())
+        raise StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step.name,
+            f"the handler for {step.method} returned a {value.DESCRIPTOR.full_name}, "
+            f"expected {full_name}",
+        )
+    if isinstance(value, Mapping):
+        try:
+            return step.response_codec.decode_strict(value, "response")
+        except MessageError as exc:
+            raise StepFailure(
+                FailureKind.NON_RETRYABLE,
+                step.name,
+                f"the handler for {step.method} returned a dict that is not a {full_name}: {exc}",
+            ) from None
+    raise StepFailure(
+        FailureKind.NON_RETRYABLE,
+        step.name,
+        f"the handler for {step.method} returned {type(value).__name__}, expected {full_name}",
+    )
+
+
+__all__ = [
+    "GrpcChannels",
+    "Handler",
+    "HandlerRegistry",
+    "StepContext",
+    "coerce_response",
+    "default_channels",
+    "default_registry",
+    "handler",
+    "invoke",
+    "load_handler_modules",
+]

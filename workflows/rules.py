@@ -1,0 +1,612 @@
+"""CEL rules: compiling them once, checking them against the schema, running them.
+
+Expressions are CEL, parsed and evaluated by the ``common-expression-language``
+package (module ``cel``). A rule sees proto3 JSON values (see
+:mod:`workflows.protojson`): ``input``, every earlier step's response under the
+step's name, and in ``validate`` rules also ``response``.
+
+The engine is dynamically typed over those JSON values, so a misspelt field
+would only show at run time. Compilation therefore checks each rule against the
+message types in scope, three ways:
+
+* every identifier the expression reads must be in scope (names bound by a
+  comprehension macro such as ``ids.all(x, x > 0)`` excepted);
+* every member chain rooted at a scope name (``tokenize.ids``,
+  ``input.meta.lang``; string literals ignored) must name fields the message
+  types declare, up to the first repeated, map, scalar or free-form field;
+* the rule is evaluated twice against probe values of the declared types (all
+  zero, then all non-zero) to catch unknown functions and results the target
+  field cannot hold. A probe that fails for data reasons (an index past the end,
+  a division by zero) proves nothing and is ignored: that is the run's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cel
+from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from workflows.protojson import (
+    DYNAMIC_TYPES,
+    SPECIAL_JSON_TYPES,
+    describe_value,
+    descriptor_of,
+    enum_type_of,
+    field_type_name,
+    is_map,
+    message_type_of,
+    pool_of,
+    to_json_value,
+)
+
+MAX_RULE_CHARS = 4096  # the parser recurses; very deep expressions could exhaust the stack
+
+_PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*"
+_ASSIGNMENT = re.compile(rf"\s*({_PATH})\s*=(?!=)(.*)", re.DOTALL)
+_CHAIN = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)+)(\s*\()?")
+_STRING_LITERAL = re.compile(
+    r"""[rRbB]{0,2}(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""",
+    re.DOTALL,
+)
+_MEMBER_CHAIN = re.compile(r"\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\s*")
+_UNDEFINED = re.compile(r"Undefined variable or function: '([^']*)'")
+_BINDER_MACROS = r"(?:all|exists|exists_one|existsOne|map|filter|bind|transformList|transformMap)"
+
+
+class RuleError(Exception):
+    """A rule is malformed; the text says what is wrong, the caller adds where."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rule:
+    """One compiled rule.
+
+    ``text`` is the rule as written; ``target`` the field path a mapping rule
+    assigns (empty for ``validate`` rules). ``path`` is set when the expression
+    is a bare member chain over the scope (``tokenize.ids``): those are read
+    straight from the JSON values, no engine round trip. ``needs`` are the
+    scope names the expression reads.
+    """
+
+    text: str
+    expression: str
+    program: cel.Program
+    target: tuple[str, ...] = ()
+    path: tuple[str, ...] | None = None
+    needs: tuple[str, ...] = ()
+
+
+def make_rule(
+    text: str, expression: str, scope_names: Iterable[str], target: tuple[str, ...] = ()
+) -> Rule:
+    """Compile ``expression`` (raising :class:`RuleError`) into a :class:`Rule`."""
+    program = compile_expression(expression)
+    names = set(scope_names)
+    needs = tuple(name for name in program.variables() if name in names)
+    path: tuple[str, ...] | None = None
+    if _MEMBER_CHAIN.fullmatch(expression):
+        parts = tuple(part.strip() for part in expression.split("."))
+        if parts[0] in names:
+            path = parts
+    return Rule(text, expression, program, target, path, needs)
+
+
+def split_assignment(text: str) -> tuple[tuple[str, ...], str]:
+    """Split ``field.path = expression``; ``==`` is never taken for the assignment."""
+    match = _ASSIGNMENT.fullmatch(text)
+    if match is None:
+        raise RuleError("must have the form `field = expression`")
+    path = tuple(part.strip() for part in match.group(1).split("."))
+    expression = match.group(2).strip()
+    if not expression:
+        raise RuleError("has nothing to the right of `=`")
+    return path, expression
+
+
+def compile_expression(expression: str) -> cel.Program:
+    if not expression.strip():
+        raise RuleError("is empty")
+    if len(expression) > MAX_RULE_CHARS:
+        raise RuleError(f"is longer than {MAX_RULE_CHARS} characters")
+    try:
+        return cel.compile(expression)
+    except Exception as exc:
+        raise RuleError(f"does not parse as CEL: {_syntax_message(exc)}") from None
+
+
+def _syntax_message(exc: BaseException) -> str:
+    text = str(exc)
+    marker = "ERROR: <input>:"
+    start = text.find(marker)
+    if start >= 0:
+        text = text[start + len(marker) :]
+        text = "column " + text.split(":", 1)[1].strip() if ":" in text else text
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+def describe_error(exc: BaseException) -> str:
+    """The engine's complaint about a failed evaluation, on one line."""
+    if isinstance(exc, KeyError):
+        key = exc.args[0] if exc.args else "?"
+        return f"no field or key {key!r} in the value it selects from"
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+class Scope:
+    """The values rules read during one segment.
+
+    Values are proto3 JSON. Member-chain rules read them directly; the CEL
+    context gets a value only when an expression needs it, converted once per
+    binding, because that conversion costs about a microsecond per element.
+    """
+
+    __slots__ = ("_stale", "context", "values")
+
+    def __init__(self, input_value: Mapping[str, Any] | None) -> None:
+        self.values: dict[str, Any] = {}
+        self.context = cel.Context()
+        self._stale: set[str] = set()
+        if input_value is not None:
+            self.bind("input", input_value)
+
+    def bind(self, name: str, value: Any) -> None:
+        self.values[name] = value
+        self._stale.add(name)
+
+    def evaluate(self, rule: Rule) -> Any:
+        """The rule's value; member chains come back in proto3 JSON form already."""
+        path = rule.path
+        if path is not None:
+            value = self.values[path[0]]
+            for part in path[1:]:
+                if type(value) is not dict:
+                    raise TypeError(f"cannot select {part!r} from {describe_value(value)}")
+                value = value[part]
+            return value
+        stale = self._stale
+        if stale:
+            for name in rule.needs:
+                if name in stale:
+                    self.context.add_variable(name, self.values[name])
+                    stale.discard(name)
+        return rule.program.execute(self.context)
+
+    def evaluate_json(self, rule: Rule) -> Any:
+        """The rule's value in proto3 JSON form."""
+        value = self.evaluate(rule)
+        return value if rule.path is not None else to_json_value(value)
+
+
+def assign(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Set ``path`` in a nested dict, creating the objects on the way."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+# --- compile-time checks -------------------------------------------------------------
+
+
+class Probes:
+    """Probe values of message types, memoized for one compilation."""
+
+    def __init__(self) -> None:
+        self._messages: dict[tuple[str, int], Any] = {}
+
+    def context(self, env: Mapping[str, Descriptor], variant: int) -> cel.Context:
+        return cel.Context({name: self.message(desc, variant) for name, desc in env.items()})
+
+    def message(
+        self, descriptor: Descriptor, variant: int, open_types: frozenset[str] = frozenset()
+    ) -> Any:
+        key = (descriptor.full_name, variant)
+        cached = self._messages.get(key)
+        if cached is not None:
+            return cached
+        if descriptor.full_name in SPECIAL_JSON_TYPES:
+            value = _special_probe(descriptor.full_name, variant)
+        elif descriptor.full_name in open_types:
+            # A recursive type: stop here; the member-chain check still covers it.
+            return {}
+        else:
+            inner = open_types | {descriptor.full_name}
+            value = {field.name: self._field(field, variant, inner) for field in descriptor.fields}
+        self._messages[key] = value
+        return value
+
+    def _field(self, field: FieldDescriptor, variant: int, open_types: frozenset[str]) -> Any:
+        if is_map(field):
+            key_field, value_field = message_type_of(field).fields
+            return {
+                _map_key_probe(key_field, variant): self._single(value_field, variant, open_types)
+            }
+        single = self._single(field, variant, open_types)
+        return [single] if field.is_repeated else single
+
+    def _single(self, field: FieldDescriptor, variant: int, open_types: frozenset[str]) -> Any:
+        kind = field.type
+        if kind in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+            return self.message(message_type_of(field), variant, open_types)
+        if kind == FieldDescriptor.TYPE_ENUM:
+            values = enum_type_of(field).values
+            return values[min(variant, len(values) - 1)].name
+        if kind == FieldDescriptor.TYPE_STRING:
+            return "x" if variant else ""
+        if kind == FieldDescriptor.TYPE_BOOL:
+            return bool(variant)
+        if kind == FieldDescriptor.TYPE_BYTES:
+            return "eA==" if variant else ""
+        if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+            return float(variant)
+        if kind in _INT64_TYPES:
+            return str(variant)  # proto3 JSON spells 64-bit integers as strings
+        return variant
+
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _map_key_probe(field: FieldDescriptor, variant: int) -> str:
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return "true" if variant else "false"
+    if field.type == FieldDescriptor.TYPE_STRING:
+        return "x" if variant else ""
+    return str(variant)
+
+
+def _special_probe(full_name: str, variant: int) -> Any:
+    short = full_name.rsplit(".", 1)[1]
+    probes: dict[str, Any] = {
+        "Timestamp": "1970-01-01T00:00:01Z" if variant else "1970-01-01T00:00:00Z",
+        "Duration": "1s" if variant else "0s",
+        "FieldMask": "x" if variant else "",
+        "Struct": {},
+        "Value": None,
+        "ListValue": [],
+        "Any": {},
+        "DoubleValue": float(variant),
+        "FloatValue": float(variant),
+        "Int64Value": str(variant),
+        "UInt64Value": str(variant),
+        "Int32Value": variant,
+        "UInt32Value": variant,
+        "BoolValue": bool(variant),
+        "StringValue": "x" if variant else "",
+        "BytesValue": "eA==" if variant else "",
+    }
+    return probes.get(short, {})
+
+
+Explain = Callable[[str], str]
+
+
+def check_rule(
+    rule: Rule,
+    env: Mapping[str, Descriptor],
+    probes: Probes,
+    *,
+    explain_unknown: Explain,
+    target_class: type[Message] | None = None,
+    boolean: bool = False,
+) -> None:
+    """Check ``rule`` against the message types in scope; raise :class:`RuleError`.
+
+    ``target_class`` is the request type a mapping rule writes into;
+    ``boolean`` asks for a ``validate`` rule's boolean result.
+    """
+    expression = rule.expression
+    for name in rule.program.variables():
+        if name not in env and not _is_bound(name, expression):
+            raise RuleError(explain_unknown(name))
+    problem = _member_chain_problem(expression, env)
+    if problem is not None:
+        raise RuleError(problem)
+
+    results: list[Any] = []
+    for variant in (0, 1):
+        try:
+            results.append(rule.program.execute(probes.context(env, variant)))
+        except RuntimeError as exc:
+            missing = _UNDEFINED.search(str(exc))
+            if missing is None:
+                continue
+            name = missing.group(1)
+            if name in rule.program.variables():
+                raise RuleError(explain_unknown(name)) from None
+            raise RuleError(f"calls {name!r}, which is not a function CEL knows") from None
+        except Exception:
+            continue  # a data-dependent failure: the probe proves nothing
+    if not results:
+        return
+    if boolean:
+        produced = [value for value in results if value is not None]
+        if produced and not any(isinstance(value, bool) for value in produced):
+            raise RuleError(
+                f"must be a boolean expression, but it produces {describe_value(produced[0])}"
+            )
+    if target_class is not None:
+        _check_target_type(rule, target_class, results)
+
+
+def _check_target_type(rule: Rule, target_class: type[Message], results: list[Any]) -> None:
+    failures: list[str] = []
+    for value in results:
+        try:
+            converted = to_json_value(value)
+        except TypeError as exc:
+            failures.append(str(exc))
+            continue
+        data: dict[str, Any] = {}
+        assign(data, rule.target, converted)
+        try:
+            json_format.ParseDict(
+                data, target_class(), descriptor_pool=pool_of(descriptor_of(target_class))
+            )
+        except Exception as exc:
+            failures.append(_innermost(str(exc)))
+            continue
+        return
+    field = _resolve_target(descriptor_of(target_class), rule.target)
+    kind = field_type_name(field) if field is not None else "?"
+    raise RuleError(
+        f"produces {describe_value(results[0])}, which field "
+        f"{'.'.join(rule.target)!r} ({kind}) cannot hold: {failures[0]}"
+    )
+
+
+def _innermost(text: str) -> str:
+    # json_format nests "Failed to parse x field: " prefixes; the last clause is the reason.
+    parts = text.strip().rstrip(".").split("field: ")
+    return parts[-1].strip() or text
+
+
+def _resolve_target(descriptor: Descriptor, path: tuple[str, ...]) -> FieldDescriptor | None:
+    field: FieldDescriptor | None = None
+    current: Descriptor | None = descriptor
+    for part in path:
+        if current is None:
+            return None
+        field = current.fields_by_name.get(part)
+        if field is None:
+            return None
+        current = field.message_type
+    return field
+
+
+def resolve_assignment_target(descriptor: Descriptor, path: tuple[str, ...]) -> str | None:
+    """Why ``path`` cannot be assigned in ``descriptor``, or None when it can."""
+    current = descriptor
+    for position, part in enumerate(path):
+        field = current.fields_by_name.get(part)
+        walked = ".".join(path[:position]) or current.full_name
+        if field is None:
+            hint = _json_name_hint(current, part)
+            fields = ", ".join(f.name for f in current.fields) or "no fields"
+            where = current.full_name if position == 0 else f"{walked} ({current.full_name})"
+            return f"{where} has no field {part!r}{hint}; its fields: {fields}"
+        if position < len(path) - 1:
+            if (
+                field.message_type is None
+                or field.is_repeated
+                or field.message_type.full_name in SPECIAL_JSON_TYPES
+            ):
+                return (
+                    f"cannot assign inside {'.'.join(path[: position + 1])!r}: "
+                    f"it is {field_type_name(field)}, not a message"
+                )
+            current = field.message_type
+    return None
+
+
+def _json_name_hint(descriptor: Descriptor, name: str) -> str:
+    for field in descriptor.fields:
+        if field.json_name == name and field.name != name:
+            return f" (did you mean {field.name!r}? rules use .proto field names)"
+    return ""
+
+
+def _is_bound(name: str, expression: str) -> bool:
+    pattern = rf"\b{_BINDER_MACROS}\s*\(\s*(?:[A-Za-z_]\w*\s*,\s*)?{re.escape(name)}\s*,"
+    return re.search(pattern, expression) is not None
+
+
+def _member_chain_problem(expression: str, env: Mapping[str, Descriptor]) -> str | None:
+    stripped = _STRING_LITERAL.sub('""', expression)
+    for match in _CHAIN.finditer(stripped):
+        parts = [part.strip() for part in match.group(1).split(".")]
+        if match.group(2):
+            parts = parts[:-1]  # the last name is a method call, not a field
+        problem = _walk(parts, env)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _walk(parts: list[str], env: Mapping[str, Descriptor]) -> str | None:
+    descriptor = env.get(parts[0])
+    if descriptor is None:
+        return None
+    for position in range(1, len(parts)):
+        if descriptor.full_name in DYNAMIC_TYPES or descriptor.full_name in SPECIAL_JSON_TYPES:
+            return None
+        name = parts[position]
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            walked = ".".join(parts[:position])
+            fields = ", ".join(f.name for f in descriptor.fields) or "no fields"
+            hint = _json_name_hint(descriptor, name)
+            return (
+                f"{walked} ({descriptor.full_name}) has no field {name!r}{hint}; "
+                f"its fields: {fields}"
+            )
+        if field.is_repeated or field.message_type is None:
+            return None
+        descriptor = field.message_type
+    return None
+
+
+# --- fast request assembly -----------------------------------------------------------
+
+Setter = Callable[[Message, Any], bool]
+
+
+class _Refuse(Exception):
+    """A value the fast path does not handle; the caller falls back to json_format."""
+
+
+def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
+    """A direct setter for a top-level scalar (or repeated scalar) field, if there is one.
+
+    The setter returns False, or raises, for any value it is not sure about; the
+    caller then builds the request through ``json_format`` instead, which is
+    the authority on proto3 JSON. It exists because that parser dominates the
+    cost of a step's own work.
+    """
+    if len(path) != 1:
+        return None
+    field = descriptor.fields_by_name.get(path[0])
+    if field is None or is_map(field):
+        return None
+    accept = _acceptor(field)
+    if accept is None:
+        return None
+    name = field.name
+    if field.is_repeated:
+
+        def set_repeated(message: Message, value: Any) -> bool:
+            if value is None:
+                return True
+            if type(value) is not list:
+                return False
+            try:
+                converted = [accept(item) for item in value]
+            except _Refuse:
+                return False
+            getattr(message, name).extend(converted)
+            return True
+
+        return set_repeated
+
+    def set_single(message: Message, value: Any) -> bool:
+        if value is None:
+            return True
+        try:
+            converted = accept(value)
+        except _Refuse:
+            return False
+        setattr(message, name, converted)
+        return True
+
+    return set_single
+
+
+def _acceptor(field: FieldDescriptor) -> Callable[[Any], Any] | None:
+    kind = field.type
+    if kind == FieldDescriptor.TYPE_STRING:
+        return _accept_str
+    if kind == FieldDescriptor.TYPE_BOOL:
+        return _accept_bool
+    if kind in _INT64_TYPES:
+        return _accept_int64
+    if kind in (
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SFIXED32,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_FIXED32,
+    ):
+        return _accept_int
+    if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return _accept_float
+    if kind == FieldDescriptor.TYPE_ENUM:
+        numbers = {value.name: value.number for value in enum_type_of(field).values}
+
+        def accept_enum(value: Any) -> int:
+            if type(value) is str:
+                number = numbers.get(value)
+                if number is not None:
+                    return number
+            elif type(value) is int:
+                return value
+            raise _Refuse
+
+        return accept_enum
+    return None
+
+
+def _accept_str(value: Any) -> str:
+    if type(value) is str:
+        return value
+    raise _Refuse
+
+
+def _accept_bool(value: Any) -> bool:
+    if type(value) is bool:
+        return value
+    raise _Refuse
+
+
+def _accept_int(value: Any) -> int:
+    if type(value) is int:
+        return value
+    raise _Refuse
+
+
+def _accept_int64(value: Any) -> int:
+    if type(value) is int:
+        return value
+    if type(value) is str and value.lstrip("-").isdigit() and value.isascii():
+        return int(value)
+    raise _Refuse
+
+
+def _accept_float(value: Any) -> float:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    raise _Refuse
+
+
+def message_class(descriptor: Descriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
+
+
+__all__ = [
+    "MAX_RULE_CHARS",
+    "Probes",
+    "Rule",
+    "RuleError",
+    "Scope",
+    "Setter",
+    "assign",
+    "check_rule",
+    "compile_expression",
+    "describe_error",
+    "make_rule",
+    "make_setter",
+    "message_class",
+    "resolve_assignment_target",
+    "split_assignment",
+]

@@ -1,0 +1,186 @@
+"""The runner: one segment of a job, from its checkpoints to done, parked or failed.
+
+A segment is what one claim executes. It replays the stored checkpoints (each
+must name the step at its index and still parse as that step's response type),
+then runs the remaining steps in order. After every step it awaits the
+``on_checkpoint`` observer before starting the next, so the store commits the
+step before anything depends on it; whatever that observer raises passes
+through untouched (the service tells a lost lease from a store failure).
+
+Outcomes: :class:`Completed` with the result and a one-line verdict,
+:class:`Parked` at an external step (never invoked), or a raised
+:class:`~workflows.failures.StepFailure` already sorted into the taxonomy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import FailedPrecondition
+from workflows.definition import CompiledWorkflow, DefinitionCache, default_cache
+from workflows.failures import FailureKind, SegmentDeadlineExceeded, StepFailure, classify
+from workflows.invokers import GrpcChannels, HandlerRegistry, StepContext, default_channels, invoke
+
+CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """Every step has a checkpoint; ``result`` is the output mapping's proto3 JSON."""
+
+    result: dict[str, Any]
+    verdict: str
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """The next step is external: the job waits for complete-step.
+
+    ``request`` is what the step's rules built, for whoever answers it.
+    """
+
+    step_name: str
+    request: dict[str, Any]
+
+
+SegmentOutcome = Completed | Parked
+
+
+class SynchronousRunRefused(FailedPrecondition):
+    """A workflow that would park cannot run synchronously."""
+
+
+async def run_segment(
+    workflow: CompiledWorkflow,
+    input: Mapping[str, Any],
+    checkpoints: Sequence[Mapping[str, Any]],
+    *,
+    job_id: str,
+    attempt: int,
+    on_checkpoint: CheckpointObserver,
+    registry: HandlerRegistry,
+    channels: GrpcChannels | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> SegmentOutcome:
+    """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``."""
+    expires_at = clock() + workflow.deadline_ms / 1000.0
+    scope = workflow.replay(input, checkpoints)
+    pipes = channels if channels is not None else default_channels
+    job = str(job_id)
+
+    for step in workflow.steps[len(checkpoints) :]:
+        if step.external:
+            return Parked(step.name, step.request_codec.encode(step.build_request(scope)))
+        left = expires_at - clock()
+        if left <= 0:
+            raise StepFailure(
+                FailureKind.RETRYABLE,
+                step.name,
+                f"the segment used up its deadline of {workflow.deadline_ms} ms "
+                "before this step could start",
+            )
+        request = step.build_request(scope)
+        context = StepContext(
+            job_id=job,
+            step_name=step.name,
+            attempt=attempt,
+            expires_at=expires_at,
+            response_type=step.response_type,
+            clock=clock,
+        )
+        timer = asyncio.timeout(left)
+        try:
+            async with timer:
+                response = await invoke(step, request, context, registry, pipes)
+        except TimeoutError as exc:
+            # Either our timer or the handler's own; only the former is the segment deadline.
+            if timer.expired():
+                raise classify(
+                    SegmentDeadlineExceeded(
+                        f"the segment ran past its deadline of {workflow.deadline_ms} ms"
+                    ),
+                    step.name,
+                ) from exc
+            raise classify(exc, step.name) from exc
+        except StepFailure:
+            raise
+        except Exception as exc:
+            raise classify(exc, step.name) from exc
+
+        response_json = step.response_codec.encode(response)
+        scope.bind(step.name, response_json)
+        violations = step.judge(scope, response, response_json)
+        if violations:
+            raise StepFailure(
+                FailureKind.VERDICT,
+                step.name,
+                f"the response was rejected: {'; '.join(violations)}",
+                violations=violations,
+                response=response_json,
+            )
+        await on_checkpoint({"name": step.name, "skipped": False, "response": response_json})
+
+    result = workflow.compute_output(scope)
+    names = [step.name for step in workflow.steps]
+    count = len(names)
+    verdict = f"completed {count} step{'s' if count != 1 else ''}: {', '.join(names)}"
+    return Completed(result=result, verdict=verdict)
+
+
+async def _discard(entry: dict[str, Any]) -> None:
+    return None
+
+
+async def run_workflow(
+    envelope: Mapping[str, Any],
+    input: Mapping[str, Any],
+    *,
+    registry: HandlerRegistry,
+    channels: GrpcChannels | None = None,
+    cache: DefinitionCache | None = None,
+    job_id: str | None = None,
+) -> dict[str, Any]:
+    """Run a whole definition now, in-process, and return its result.
+
+    Nothing is stored: no checkpoints, no retries. A workflow with an external
+    step is refused before anything runs, because a parked step would hold the
+    caller forever. Step failures raise :class:`StepFailure`.
+    """
+    workflow = (cache if cache is not None else default_cache).get(envelope)
+    external = [step.name for step in workflow.steps if step.external]
+    if external:
+        raise SynchronousRunRefused(
+            f"workflow {workflow.name!r} cannot run synchronously: step {external[0]!r} has "
+            'completion "external" and would park; submit the workflow as a job '
+            "(submit-workflow) so complete-step can supply the response"
+        )
+    normalized = workflow.validate_input(input)
+    outcome = await run_segment(
+        workflow,
+        normalized,
+        (),
+        job_id=job_id or str(uuid.uuid4()),
+        attempt=1,
+        on_checkpoint=_discard,
+        registry=registry,
+        channels=channels,
+    )
+    if not isinstance(outcome, Completed):  # unreachable: external steps were refused above
+        raise SynchronousRunRefused(f"workflow {workflow.name!r} parked at {outcome.step_name!r}")
+    return outcome.result
+
+
+__all__ = [
+    "CheckpointObserver",
+    "Completed",
+    "Parked",
+    "SegmentOutcome",
+    "SynchronousRunRefused",
+    "run_segment",
+    "run_workflow",
+]

@@ -1,0 +1,467 @@
+"""Kafka value encodings of the contract: Confluent wire format or plain Protobuf.
+
+Outbox rows hold an event's Protobuf bytes (without ``event_id``); publishing only
+adds framing, so nothing is re-encoded per row on the hot path:
+
+* no registry configured: the Protobuf bytes as they are;
+* a registry, Protobuf (the default): magic byte ``0``, the 4-byte big-endian
+  schema id, the message-index array (a single ``0`` for the first message of a
+  file), then the Protobuf bytes;
+* a registry, Avro (``WFJOBS_EVENT_FORMAT=avro``): magic byte, schema id, then the
+  record encoded with fastavro against ``avro/workflow_run_event.avsc``.
+
+The schema id is registered (or looked up) once per serializer, by confluent-kafka
+itself for Protobuf, so references such as ``buf/validate/validate.proto`` are
+registered exactly the way confluent's ``ProtobufSerializer`` does it and any
+confluent consumer reads our bytes.
+
+Decoders accept both framed and plain values. A Protobuf value never starts with a
+zero byte (tag 0 is not a valid field), so a leading ``0`` always means framing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import fastavro
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+
+from schemas.contract import WorkflowRunEvent, WorkflowRunRequest, decode_event
+from schemas.errors import InvalidArgument, Unavailable
+
+MAGIC_BYTE = 0
+EVENT_FORMATS = ("protobuf", "avro")
+AVSC_PATH = Path(__file__).resolve().parent / "avro" / "workflow_run_event.avsc"
+DEFAULT_EVENTS_TOPIC = "workflow-run-events"
+DEFAULT_REQUESTS_TOPIC = "workflow-run-requests"
+
+# The subject of a topic's values is ``<topic>-value``. Spelled out rather than left
+# to the library default, which asks the registry for topic associations first: an
+# API older Confluent-compatible registries do not have.
+_SERDE_CONF: dict[str, Any] = {"subject.name.strategy.type": "TOPIC"}
+
+
+M = TypeVar("M", bound=Message)
+
+
+class UndecodableMessage(InvalidArgument):
+    """A Kafka value that is not a message of the expected type; the reason says why."""
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def open_registry(
+    url: str,
+    *,
+    conf: Mapping[str, Any] | None = None,
+    events_topic: str = DEFAULT_EVENTS_TOPIC,
+    requests_topic: str = DEFAULT_REQUESTS_TOPIC,
+) -> SchemaRegistryClient:
+    """A registry client for ``url``; ``mock://...`` gives confluent's in-process mock.
+
+    A mock registry lives inside one process, so a producer and a consumer in two
+    processes would each hold their own. Every mock opened here registers the
+    contract's schemas in one fixed order, which hands out the same ids in every
+    process that uses the same topic names; bytes framed by one process then decode
+    through the registry in another.
+    """
+    client = SchemaRegistryClient.new_client({**(conf or {}), "url": url})
+    if url.startswith("mock://"):
+        ProtobufFramer(WorkflowRunEvent, client, events_topic).prepare()
+        AvroEventSerializer(client, events_topic).prepare()
+        ProtobufFramer(WorkflowRunRequest, client, requests_topic).prepare()
+    return client
+
+
+def _context(topic: str) -> SerializationContext:
+    return SerializationContext(topic, MessageField.VALUE)
+
+
+# --------------------------------------------------------------------------- producing
+
+
+class EventSerializer(Protocol):
+    """Turns stored event bytes (``event_id`` already appended) into a Kafka value."""
+
+    @property
+    def description(self) -> str: ...
+
+    def prepare(self) -> None:
+        """Do the blocking registry work once, before the first ``serialize``."""
+
+    def serialize(self, event_bytes: bytes) -> bytes: ...
+
+
+class PlainProtobufSerializer:
+    """No registry: the Protobuf bytes go out untouched."""
+
+    description = "plain protobuf"
+
+    def prepare(self) -> None:
+        return None
+
+    def serialize(self, event_bytes: bytes) -> bytes:
+        return event_bytes
+
+
+class ProtobufFramer:
+    """Confluent framing for already-encoded Protobuf messages of one type.
+
+    The header for a message type is exactly what confluent's ``ProtobufSerializer``
+    writes in front of the payload, so it is taken from that serializer: serializing
+    an empty message yields the header alone, and registers the schema and its
+    references on the way.
+    """
+
+    def __init__(
+        self,
+        message_type: type[Message],
+        registry: SchemaRegistryClient,
+        topic: str,
+        *,
+        auto_register: bool = True,
+    ) -> None:
+        self._message_type = message_type
+        self._registry = registry
+        self._topic = topic
+        self._auto_register = auto_register
+        self._header: bytes | None = None
+
+    @property
+    def description(self) -> str:
+        suffix = f" (schema id {self.schema_id})" if self._header is not None else ""
+        return f"protobuf via schema registry, subject {self._topic}-value{suffix}"
+
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            raise RuntimeError("ProtobufFramer.prepare() has not run")
+        return self._header
+
+    @property
+    def schema_id(self) -> int:
+        return int.from_bytes(self.header[1:5], "big")
+
+    def prepare(self) -> None:
+        if self._header is not None:
+            return
+        serializer = ProtobufSerializer(
+            self._message_type,
+            self._registry,
+            {**_SERDE_CONF, "auto.register.schemas": self._auto_register},
+        )
+        header = serializer(self._message_type(), _context(self._topic))
+        if not header or header[0] != MAGIC_BYTE:
+            raise RuntimeError(f"unexpected Confluent header {header!r}")
+        self._header = bytes(header)
+
+    def serialize(self, event_bytes: bytes) -> bytes:
+        return self.header + event_bytes
+
+    def frame_message(self, message: Message) -> bytes:
+        self.prepare()
+        return self.header + message.SerializeToString(deterministic=True)
+
+
+@cache
+def avro_schema_text() -> str:
+    return AVSC_PATH.read_text()
+
+
+@cache
+def _parsed_avro_schema() -> Any:
+    return fastavro.parse_schema(json.loads(avro_schema_text()))
+
+
+def event_to_avro_record(event: WorkflowRunEvent) -> dict[str, Any]:
+    """The Avro record for an event; Struct fields become JSON text."""
+    return {
+        "event_id": event.event_id,
+        "job_id": event.job_id,
+        "type": WorkflowRunEvent.Type.Name(event.type),
+        "workflow_name": event.workflow_name,
+        "attempt": event.attempt,
+        "step_name": event.step_name,
+        "response": _struct_json(event, "response"),
+        "skipped": event.skipped,
+        "verdict": event.verdict,
+        "error": event.error,
+        "result": _struct_json(event, "result"),
+        "occurred_at": event.occurred_at.ToDatetime(tzinfo=UTC),
+    }
+
+
+def avro_record_to_event(record: Mapping[str, Any]) -> WorkflowRunEvent:
+    """The inverse of :func:`event_to_avro_record`."""
+    event = WorkflowRunEvent(
+        event_id=record["event_id"],
+        job_id=record["job_id"],
+        type=record["type"],
+        workflow_name=record["workflow_name"],
+        attempt=record["attempt"],
+        step_name=record.get("step_name", ""),
+        skipped=record.get("skipped", False),
+        verdict=record.get("verdict", ""),
+        error=record.get("error", ""),
+    )
+    if record.get("response") is not None:
+        event.response.update(json.loads(record["response"]))
+    if record.get("result") is not None:
+        event.result.update(json.loads(record["result"]))
+    occurred_at = record["occurred_at"]
+    if isinstance(occurred_at, int):  # read without logical types: microseconds
+        occurred_at = datetime.fromtimestamp(occurred_at / 1_000_000, tz=UTC)
+    event.occurred_at.FromDatetime(occurred_at)
+    return event
+
+
+def _struct_json(event: WorkflowRunEvent, field: str) -> str | None:
+    if not event.HasField(field):
+        return None
+    return json.dumps(
+        json_format.MessageToDict(getattr(event, field)), separators=(",", ":"), sort_keys=True
+    )
+
+
+def encode_avro_body(event: WorkflowRunEvent) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _parsed_avro_schema(), event_to_avro_record(event))
+    return out.getvalue()
+
+
+class AvroEventSerializer:
+    """Confluent framing around the Avro rendering of an event."""
+
+    def __init__(
+        self, registry: SchemaRegistryClient, topic: str, *, auto_register: bool = True
+    ) -> None:
+        self._registry = registry
+        self._topic = topic
+        self._auto_register = auto_register
+        self._header: bytes | None = None
+        self.schema_id: int | None = None
+
+    @property
+    def description(self) -> str:
+        suffix = f" (schema id {self.schema_id})" if self.schema_id is not None else ""
+        return f"avro via schema registry, subject {self._topic}-value{suffix}"
+
+    def prepare(self) -> None:
+        if self._header is not None:
+            return
+        subject = f"{self._topic}-value"
+        schema = Schema(avro_schema_text(), schema_type="AVRO")
+        if self._auto_register:
+            schema_id = int(self._registry.register_schema(subject, schema))
+        else:
+            found = self._registry.lookup_schema(subject, schema).schema_id
+            if found is None:
+                raise Unavailable(f"schema registry has no id for subject {subject}")
+            schema_id = int(found)
+        self.schema_id = schema_id
+        self._header = bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big")
+
+    def serialize(self, event_bytes: bytes) -> bytes:
+        if self._header is None:
+            raise RuntimeError("AvroEventSerializer.prepare() has not run")
+        return self._header + encode_avro_body(decode_event(event_bytes))
+
+
+def event_serializer(
+    *,
+    registry: SchemaRegistryClient | None,
+    topic: str,
+    event_format: str = "protobuf",
+    auto_register: bool = True,
+) -> EventSerializer:
+    """The serializer the settings ask for; plain Protobuf when there is no registry."""
+    if event_format not in EVENT_FORMATS:
+        raise InvalidArgument(f"event format must be one of {EVENT_FORMATS}, got {event_format!r}")
+    if registry is None:
+        if event_format == "avro":
+            raise InvalidArgument("the avro event format needs a schema registry")
+        return PlainProtobufSerializer()
+    if event_format == "avro":
+        return AvroEventSerializer(registry, topic, auto_register=auto_register)
+    return ProtobufFramer(WorkflowRunEvent, registry, topic, auto_register=auto_register)
+
+
+def encode_request(
+    request: WorkflowRunRequest,
+    *,
+    registry: SchemaRegistryClient | None,
+    topic: str = DEFAULT_REQUESTS_TOPIC,
+) -> bytes:
+    """A request as a Kafka value: framed when a registry is configured."""
+    if registry is None:
+        return request.SerializeToString(deterministic=True)
+    return ProtobufFramer(WorkflowRunRequest, registry, topic).frame_message(request)
+
+
+# --------------------------------------------------------------------------- consuming
+
+
+def is_framed(data: bytes) -> bool:
+    return bool(data) and data[0] == MAGIC_BYTE
+
+
+def framed_schema_id(data: bytes) -> int:
+    if len(data) < 5 or data[0] != MAGIC_BYTE:
+        raise UndecodableMessage("value is not in the Confluent wire format")
+    return int.from_bytes(data[1:5], "big")
+
+
+def _decode_failure(what: str, exc: Exception) -> Exception:
+    """Classify a decode failure: the message's fault, or the registry's.
+
+    A message that cannot be decoded goes to a dead-letter topic; one that could not
+    be decoded because the registry was unreachable must be retried instead, so only
+    registry answers and transport errors count as ``Unavailable``. The HTTP client
+    confluent-kafka uses is an implementation detail (httpx or its fork), hence the
+    check by module rather than by class.
+    """
+    if isinstance(exc, SchemaRegistryError):
+        if exc.http_status_code == 404:
+            return UndecodableMessage(f"cannot decode {what}: unknown schema: {exc}")
+        return Unavailable(f"schema registry: {exc}")
+    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in {"httpx", "httpx2"}:
+        return Unavailable(f"schema registry: {exc}")
+    return UndecodableMessage(f"cannot decode {what}: {exc}")
+
+
+class EventDecoder:
+    """Decodes ``workflow-run-events`` values of any format into ``WorkflowRunEvent``.
+
+    Framed values go through confluent's own deserializers. With a registry the
+    writer schema's type (Protobuf or Avro) comes from the registry; without one,
+    framed values are read with the contract's own schemas, as ``event_format``.
+    """
+
+    def __init__(
+        self,
+        registry: SchemaRegistryClient | None = None,
+        *,
+        topic: str = DEFAULT_EVENTS_TOPIC,
+        event_format: str = "protobuf",
+    ) -> None:
+        self._registry = registry
+        self._topic = topic
+        self._event_format = event_format
+        self._protobuf = ProtobufDeserializer(WorkflowRunEvent, dict(_SERDE_CONF), registry)
+        self._avro = (
+            AvroDeserializer(registry, avro_schema_text(), conf=dict(_SERDE_CONF))
+            if registry is not None
+            else None
+        )
+        self._schema_types: dict[int, str] = {}
+
+    def decode(self, data: bytes | None, *, topic: str | None = None) -> WorkflowRunEvent:
+        if data is None:
+            raise UndecodableMessage("empty value (tombstone)")
+        if not is_framed(data):
+            return _parse_plain(WorkflowRunEvent, data)
+        context = _context(topic or self._topic)
+        try:
+            if self._schema_type(data) == "AVRO":
+                if self._avro is None:
+                    return _decode_avro_without_registry(data)
+                record = self._avro(data, context)
+                return avro_record_to_event(record)
+            event = self._protobuf(data, context)
+        except UndecodableMessage:
+            raise
+        except Exception as exc:
+            raise _decode_failure("WorkflowRunEvent", exc) from None
+        if not isinstance(event, WorkflowRunEvent):
+            raise UndecodableMessage(f"decoded {type(event).__name__}, not WorkflowRunEvent")
+        return event
+
+    def _schema_type(self, data: bytes) -> str:
+        if self._registry is None:
+            return "AVRO" if self._event_format == "avro" else "PROTOBUF"
+        schema_id = framed_schema_id(data)
+        known = self._schema_types.get(schema_id)
+        if known is None:
+            schema = self._registry.get_schema(schema_id)
+            known = str(schema.schema_type or "AVRO")  # the registry's default type
+            self._schema_types[schema_id] = known
+        return known
+
+
+def _decode_avro_without_registry(data: bytes) -> WorkflowRunEvent:
+    record = fastavro.schemaless_reader(io.BytesIO(data[5:]), _parsed_avro_schema(), None)
+    if not isinstance(record, dict):
+        raise UndecodableMessage("avro body is not a record")
+    return avro_record_to_event(record)
+
+
+class RequestDecoder:
+    """Decodes ``workflow-run-requests`` values, framed or plain, into ``WorkflowRunRequest``."""
+
+    def __init__(
+        self,
+        registry: SchemaRegistryClient | None = None,
+        *,
+        topic: str = DEFAULT_REQUESTS_TOPIC,
+    ) -> None:
+        self._topic = topic
+        self._protobuf = ProtobufDeserializer(WorkflowRunRequest, dict(_SERDE_CONF), registry)
+
+    def decode(self, data: bytes | None, *, topic: str | None = None) -> WorkflowRunRequest:
+        if data is None:
+            raise UndecodableMessage("empty value (tombstone)")
+        if not is_framed(data):
+            return _parse_plain(WorkflowRunRequest, data)
+        try:
+            request = self._protobuf(data, _context(topic or self._topic))
+        except Exception as exc:
+            raise _decode_failure("WorkflowRunRequest", exc) from None
+        if not isinstance(request, WorkflowRunRequest):
+            raise UndecodableMessage(f"decoded {type(request).__name__}, not WorkflowRunRequest")
+        return request
+
+
+def _parse_plain(message_type: type[M], data: bytes) -> M:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        name = message_type.DESCRIPTOR.name
+        raise UndecodableMessage(f"not a {name} in plain Protobuf: {exc}") from None
+    return message
+
+
+__all__ = [
+    "AVSC_PATH",
+    "EVENT_FORMATS",
+    "MAGIC_BYTE",
+    "AvroEventSerializer",
+    "EventDecoder",
+    "EventSerializer",
+    "PlainProtobufSerializer",
+    "ProtobufFramer",
+    "RequestDecoder",
+    "UndecodableMessage",
+    "avro_record_to_event",
+    "avro_schema_text",
+    "encode_avro_body",
+    "encode_request",
+    "event_serializer",
+    "event_to_avro_record",
+    "framed_schema_id",
+    "is_framed",
+    "open_registry",
+]

@@ -1,0 +1,135 @@
+"""The ``wfjobs`` commands that use the settings directly: migrate, produce, events.
+
+Real Postgres and the real Apache Kafka; the registry is confluent's ``mock://``,
+opened separately by the command and by the test, as two processes would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from schemas.contract import EventType, build_event, encode_event, with_event_id
+from schemas.serde import RequestDecoder, event_serializer, open_registry
+from streams import cli
+
+pytestmark = pytest.mark.kafka
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_migrate_applies_once(
+    make_database: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = make_database()
+    code, out, _ = run(capsys, "--json", "migrate", "--dsn", dsn)
+    assert code == 0
+    applied = json.loads(out)["applied"]
+    assert applied and applied == sorted(applied)
+    code, out, _ = run(capsys, "--json", "migrate", "--dsn", dsn)
+    assert (code, json.loads(out)) == (0, {"applied": []})
+
+
+def read_one(bootstrap: str, topic: str, timeout_s: float = 30.0) -> tuple[bytes, bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
+    partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                return message.key(), message.value()
+    finally:
+        consumer.close()
+    raise AssertionError(f"nothing on {topic}")
+
+
+def test_produce_frames_the_request_for_the_registry(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    registry_url = f"mock://{uuid.uuid4().hex}"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("WFJOBS_REQUESTS_TOPIC", topic)
+    monkeypatch.setenv("WFJOBS_SCHEMA_REGISTRY_URL", registry_url)
+    job_id = str(uuid.uuid4())
+
+    code, out, err = run(
+        capsys,
+        "--json",
+        "produce",
+        "--workflow-name",
+        "embed-and-review",
+        "--input",
+        '{"text": "hi"}',
+        "--job-id",
+        job_id,
+    )
+    assert code == 0, err
+    assert json.loads(out) == {"job_id": job_id, "topic": topic}
+
+    key, value = read_one(kafka_bootstrap, topic)
+    assert key == job_id.encode()
+    assert value[0] == 0, "framed for the registry"
+    # A separate client stands for the worker process reading the request.
+    reader = open_registry(registry_url, requests_topic=topic)
+    request = RequestDecoder(reader, topic=topic).decode(value)
+    assert (request.job_id, request.workflow_name) == (job_id, "embed-and-review")
+    assert dict(request.input) == {"text": "hi"}
+
+
+def test_events_prints_each_event_once(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    registry_url = f"mock://{uuid.uuid4().hex}"
+    # The "relay process": its own mock client, framing two events, one of them twice
+    # (a republish after a lost ack).
+    serializer = event_serializer(
+        registry=open_registry(registry_url, events_topic=topic), topic=topic
+    )
+    serializer.prepare()
+    job_id = uuid.uuid4()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for event_id, kind in ((1, "TYPE_ACCEPTED"), (2, "TYPE_WAITING"), (2, "TYPE_WAITING")):
+        event = build_event(
+            job_id=job_id,
+            event_type=EventType.Value(kind),
+            workflow_name="embed-and-review",
+            attempt=1,
+            occurred_at=datetime.now(UTC),
+            step_name="review" if kind == "TYPE_WAITING" else "",
+        )
+        value = serializer.serialize(with_event_id(encode_event(event), event_id))
+        producer.produce(topic, key=str(job_id).encode(), value=value)
+    assert producer.flush(30) == 0
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("WFJOBS_EVENTS_TOPIC", topic)
+    monkeypatch.setenv("WFJOBS_SCHEMA_REGISTRY_URL", registry_url)
+    code, out, err = run(capsys, "--json", "events", "--from-beginning", "--timeout", "8")
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [(event["event_id"], event["type"]) for event in events] == [
+        ("1", "TYPE_ACCEPTED"),
+        ("2", "TYPE_WAITING"),
+    ]
+    assert {event["job_id"] for event in events} == {str(job_id)}

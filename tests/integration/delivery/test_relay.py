@@ -1,0 +1,402 @@
+"""The outbox relay against a real Postgres and the real Apache Kafka the suite starts.
+
+Events are written through the run store, exactly as the worker writes them, and
+read back from the topic through confluent-kafka's own deserializers with the
+in-library ``mock://`` registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from schemas.contract import WorkflowRunEvent
+from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
+from store import Outbox, RunStore, migrate, open_pool
+from store.pool import Pool
+from store.runs import Lease
+from streams.relay import OutboxRelay, producer_config
+from streams.services import free_port
+
+pytestmark = pytest.mark.kafka
+
+DEFINITION: dict[str, Any] = {"name": "relay-test", "steps": []}
+
+
+@dataclass
+class Store:
+    dsn: str
+    pool: Pool
+    runs: RunStore
+    outbox: Outbox
+
+
+@pytest.fixture
+async def store(make_database: Callable[[], str]) -> AsyncIterator[Store]:
+    dsn = make_database()
+    await migrate(dsn)
+    pool = await open_pool(dsn, min_size=1, max_size=8)
+    try:
+        yield Store(dsn, pool, RunStore(pool), Outbox(pool, max_attempts=10))
+    finally:
+        await pool.close()
+
+
+def mock_registry() -> SchemaRegistryClient:
+    return SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
+
+
+def make_relay(
+    store: Store,
+    bootstrap: str,
+    topic: str,
+    serializer: EventSerializer,
+    *,
+    batch: int = 100,
+    interval_s: float = 0.05,
+    listen: bool = False,
+    overrides: dict[str, Any] | None = None,
+    name: str = "relay",
+) -> OutboxRelay:
+    return OutboxRelay(
+        store.outbox,
+        producer_config=producer_config(bootstrap, overrides),
+        topic=topic,
+        serializer=serializer,
+        interval_s=interval_s,
+        batch=batch,
+        listen_dsn=store.dsn if listen else None,
+        name=name,
+    )
+
+
+async def submit(store: Store) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    await store.runs.submit(
+        job_id=job_id,
+        workflow_name="relay-test",
+        definition=DEFINITION,
+        definition_hash="relay-test",
+        input={"text": "hello"},
+    )
+    return job_id
+
+
+async def claim_all(store: Store, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, Lease]:
+    """Claim every job of this test's own database."""
+    claimed = await store.runs.claim_batch("relay-test-worker", len(job_ids))
+    leases = {job.job_id: job.lease for job in claimed}
+    assert set(leases) == set(job_ids)
+    return leases
+
+
+async def checkpoint(store: Store, lease: Lease, step: int) -> None:
+    entry = {"name": f"step{step}", "skipped": False, "response": {"n": step}}
+    await store.runs.checkpoint(lease, entry)
+
+
+async def run_job(store: Store, steps: int, *, finish: bool = True) -> uuid.UUID:
+    """Submit, claim and checkpoint ``steps`` steps, then complete: 2 + ``steps`` events."""
+    job_id = await submit(store)
+    if steps or finish:
+        lease = (await claim_all(store, [job_id]))[job_id]
+        for step in range(steps):
+            await checkpoint(store, lease, step)
+        if finish:
+            await store.runs.complete(lease, result={"steps": steps}, verdict="done")
+    return job_id
+
+
+async def drain(relay: OutboxRelay, store: Store, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await store.outbox.pending_count():
+        assert time.monotonic() < deadline, "outbox did not drain"
+        await relay.relay_once()
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout_s: float = 60.0) -> list[Any]:
+    """Read ``count`` messages from the start of ``topic`` (all partitions)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"relay-test-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    messages: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(messages) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            messages.append(message)
+    finally:
+        consumer.close()
+    return messages
+
+
+async def outbox_ids(store: Store, job_id: uuid.UUID) -> list[int]:
+    return [record.id for record in await store.outbox.events_for(job_id)]
+
+
+# --------------------------------------------------------------------------- formats
+
+
+async def test_protobuf_events_decode_through_confluent_deserializer(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    registry = mock_registry()
+    relay = make_relay(
+        store, kafka_bootstrap, topic, event_serializer(registry=registry, topic=topic)
+    )
+    jobs = [await run_job(store, steps=2) for _ in range(3)]
+
+    await drain(relay, store)
+    await relay.stop()
+
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 12)
+    assert len(messages) == 12
+    deserialize = ProtobufDeserializer(WorkflowRunEvent, None, registry)
+    by_job: dict[str, list[WorkflowRunEvent]] = defaultdict(list)
+    for message in messages:
+        value = message.value()
+        assert value[0] == 0, "Confluent framing: magic byte"
+        event = deserialize(value, SerializationContext(topic, MessageField.VALUE))
+        assert message.key() == event.job_id.encode()
+        by_job[event.job_id].append(event)
+    for job_id in jobs:
+        events = by_job[str(job_id)]
+        names = [WorkflowRunEvent.Type.Name(event.type) for event in events]
+        assert names == [
+            "TYPE_ACCEPTED",
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_COMPLETED",
+        ]
+        assert [event.event_id for event in events] == await outbox_ids(store, job_id)
+        assert [event.step_name for event in events[1:3]] == ["step0", "step1"]
+        assert events[-1].verdict == "done"
+        records = await store.outbox.events_for(job_id)
+        assert {record.status for record in records} == {"PUBLISHED"}
+        assert all(record.published_at is not None for record in records)
+
+
+async def test_without_registry_events_are_plain_protobuf(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    relay = make_relay(store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    job_id = await run_job(store, steps=1)
+
+    await drain(relay, store)
+    await relay.stop()
+
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 3)
+    events = []
+    for message in messages:
+        event = WorkflowRunEvent()
+        event.ParseFromString(message.value())
+        events.append(event)
+    assert [event.event_id for event in events] == await outbox_ids(store, job_id)
+    assert events == [EventDecoder().decode(message.value()) for message in messages]
+
+
+async def test_avro_events_round_trip(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    registry = mock_registry()
+    serializer = event_serializer(registry=registry, topic=topic, event_format="avro")
+    relay = make_relay(store, kafka_bootstrap, topic, serializer)
+    job_id = await run_job(store, steps=2)
+
+    await drain(relay, store)
+    await relay.stop()
+
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 4)
+    deserialize = AvroDeserializer(registry)
+    decoder = EventDecoder(registry)
+    records = []
+    for message in messages:
+        context = SerializationContext(topic, MessageField.VALUE)
+        record = deserialize(message.value(), context)
+        records.append(record)
+        assert avro_record_to_event(record) == decoder.decode(message.value())
+    assert [record["event_id"] for record in records] == await outbox_ids(store, job_id)
+    assert [record["type"] for record in records] == [
+        "TYPE_ACCEPTED",
+        "TYPE_STEP_CHECKPOINT",
+        "TYPE_STEP_CHECKPOINT",
+        "TYPE_COMPLETED",
+    ]
+    assert records[1]["response"] == '{"n":0.0}'
+    assert records[3]["verdict"] == "done"
+    assert records[3]["result"] == '{"steps":2.0}'
+
+
+# --------------------------------------------------------------------------- failures
+
+
+async def test_nothing_is_published_without_an_ack(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    dead_broker = f"127.0.0.1:{free_port()}"
+    relay = make_relay(
+        store,
+        dead_broker,
+        "workflow-run-events",
+        event_serializer(registry=None, topic="workflow-run-events"),
+        overrides={"message.timeout.ms": 300, "reconnect.backoff.max.ms": 100},
+    )
+    job_id = await run_job(store, steps=0, finish=False)
+
+    for attempt in range(1, 11):
+        await relay.relay_once()
+        [record] = await store.outbox.events_for(job_id)
+        assert record.attempts == attempt
+        assert record.published_at is None
+        assert record.last_error and "timed out" in record.last_error.lower()
+        assert record.status == ("FAILED" if attempt == 10 else "PENDING")
+    await relay.stop()
+
+    # A FAILED row is the dead letter: later passes leave it alone.
+    topic = new_topic(kafka_bootstrap)
+    healthy = make_relay(
+        store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic)
+    )
+    await healthy.relay_once()
+    await healthy.stop()
+    [record] = await store.outbox.events_for(job_id)
+    assert (record.status, record.attempts) == ("FAILED", 10)
+
+
+async def test_a_row_that_cannot_be_serialized_is_an_attempt_not_a_crash(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    registry = mock_registry()
+    relay = make_relay(
+        store,
+        kafka_bootstrap,
+        topic,
+        event_serializer(registry=registry, topic=topic, event_format="avro"),
+    )
+    broken, healthy = uuid.uuid4(), await run_job(store, steps=0, finish=False)
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
+            " VALUES (%s, 'ACCEPTED', %s)",
+            (broken, b"\xff\xff"),
+        )
+
+    await relay.relay_once()
+    await relay.stop()
+
+    [bad] = await store.outbox.events_for(broken)
+    assert (bad.status, bad.attempts) == ("PENDING", 1)
+    assert bad.last_error and bad.last_error.startswith("cannot serialize event")
+    [good] = await store.outbox.events_for(healthy)
+    assert good.status == "PUBLISHED"
+
+
+# --------------------------------------------------------------------------- order
+
+
+async def test_two_relays_keep_each_jobs_commit_order(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap, 3)
+    registry = mock_registry()
+    relays = [
+        make_relay(
+            store,
+            kafka_bootstrap,
+            topic,
+            event_serializer(registry=registry, topic=topic),
+            batch=7,
+            interval_s=0.01,
+            name=f"relay-{n}",
+        )
+        for n in range(2)
+    ]
+    for relay in relays:
+        relay.start()
+    # Events are written while both relays drain, commit point by commit point
+    # across all jobs, so each job's events land in many different batches and
+    # the two relays keep meeting the same jobs.
+    jobs = 40
+    steps = 4
+    job_ids = [await submit(store) for _ in range(jobs)]
+    leases = await claim_all(store, job_ids)
+    for step in range(steps):
+        await asyncio.gather(*(checkpoint(store, leases[job], step) for job in job_ids))
+        await asyncio.sleep(0.02)
+    await asyncio.gather(
+        *(store.runs.complete(leases[job], result={}, verdict="done") for job in job_ids)
+    )
+    deadline = time.monotonic() + 60
+    while await store.outbox.pending_count():
+        assert time.monotonic() < deadline, "outbox did not drain"
+        await asyncio.sleep(0.05)
+    for relay in relays:
+        await relay.stop()
+
+    total = jobs * (steps + 2)
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, total)
+    assert len(messages) >= total
+    decoder = EventDecoder(registry)
+    seen: dict[str, list[int]] = defaultdict(list)
+    for message in messages:
+        event = decoder.decode(message.value())
+        if event.event_id not in seen[event.job_id]:  # consumers dedupe on event_id
+            seen[event.job_id].append(event.event_id)
+    for job_id in job_ids:
+        assert seen[str(job_id)] == await outbox_ids(store, job_id)
+    assert all(relay.stats.published > 0 for relay in relays), "both relays took part"
+
+
+# --------------------------------------------------------------------------- loop
+
+
+async def test_notify_wakes_an_idle_relay(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    relay = make_relay(
+        store,
+        kafka_bootstrap,
+        topic,
+        event_serializer(registry=None, topic=topic),
+        interval_s=60.0,
+        listen=True,
+    )
+    relay.start()
+    try:
+        # Let the first (empty) pass run and the relay go idle for a minute.
+        await asyncio.sleep(1.0)
+        job_id = await run_job(store, steps=0, finish=False)
+        started = time.monotonic()
+        while (await store.outbox.events_for(job_id))[0].status != "PUBLISHED":
+            assert time.monotonic() - started < 15, "NOTIFY did not wake the relay"
+            await asyncio.sleep(0.05)
+    finally:
+        await relay.stop()
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 1)
+    assert EventDecoder().decode(messages[0].value()).job_id == str(job_id)

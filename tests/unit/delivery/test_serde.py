@@ -1,0 +1,252 @@
+"""The wire formats interoperate with confluent-kafka's own serializers.
+
+Every registry here is confluent's in-library ``mock://`` registry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from schemas.contract import (
+    EventType,
+    WorkflowRunEvent,
+    WorkflowRunRequest,
+    build_event,
+    encode_event,
+    with_event_id,
+)
+from schemas.errors import InvalidArgument, Unavailable
+from schemas.serde import (
+    AvroEventSerializer,
+    EventDecoder,
+    PlainProtobufSerializer,
+    ProtobufFramer,
+    RequestDecoder,
+    UndecodableMessage,
+    avro_record_to_event,
+    avro_schema_text,
+    encode_request,
+    event_serializer,
+    event_to_avro_record,
+    framed_schema_id,
+    open_registry,
+)
+
+TOPIC = "workflow-run-events"
+CTX = SerializationContext(TOPIC, MessageField.VALUE)
+
+
+def mock_registry() -> SchemaRegistryClient:
+    return SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
+
+
+def checkpoint_event() -> WorkflowRunEvent:
+    return build_event(
+        job_id=uuid.uuid4(),
+        event_type=EventType.Value("TYPE_STEP_CHECKPOINT"),
+        workflow_name="embed-text",
+        attempt=2,
+        occurred_at=datetime(2025, 3, 4, 5, 6, 7, 891011, tzinfo=UTC),
+        step_name="tokenize",
+        response={"ids": [4811, 9902], "nested": {"ok": True}},
+    )
+
+
+def completed_event() -> WorkflowRunEvent:
+    return build_event(
+        job_id=uuid.uuid4(),
+        event_type=EventType.Value("TYPE_COMPLETED"),
+        workflow_name="embed-text",
+        attempt=1,
+        occurred_at=datetime.now(UTC).replace(microsecond=123456),
+        verdict="approved",
+        result={"vector": [0.5, 0.25]},
+    )
+
+
+def stored_and_published(event: WorkflowRunEvent, event_id: int) -> tuple[bytes, WorkflowRunEvent]:
+    """The relay's input (stored bytes plus id) and the event a consumer must see."""
+    expected = WorkflowRunEvent()
+    expected.CopyFrom(event)
+    expected.event_id = event_id
+    return with_event_id(encode_event(event), event_id), expected
+
+
+def test_protobuf_framing_is_what_confluent_deserializers_read() -> None:
+    registry = mock_registry()
+    serializer = event_serializer(registry=registry, topic=TOPIC)
+    serializer.prepare()
+    stored, expected = stored_and_published(checkpoint_event(), 7)
+
+    value = serializer.serialize(stored)
+
+    assert value[0] == 0
+    assert value[5] == 0, "first message of the file: a single zero index byte"
+    assert value[6:] == stored
+    subject_id = registry.get_latest_version(f"{TOPIC}-value").schema_id
+    assert framed_schema_id(value) == subject_id
+    # confluent's deserializer, as a consumer would configure it: defaults, and
+    # with nothing but the registry URL's client.
+    assert ProtobufDeserializer(WorkflowRunEvent, None, registry)(value, CTX) == expected
+    assert ProtobufDeserializer(WorkflowRunEvent, None)(value, CTX) == expected
+    assert EventDecoder(registry).decode(value) == expected
+
+
+def test_schema_is_registered_with_its_validate_reference() -> None:
+    registry = mock_registry()
+    ProtobufFramer(WorkflowRunEvent, registry, TOPIC).prepare()
+
+    registered = registry.get_latest_version(f"{TOPIC}-value")
+    assert registered.schema.schema_type == "PROTOBUF"
+    assert [ref.name for ref in registered.schema.references] == ["buf/validate/validate.proto"]
+    assert "buf/validate/validate.proto" in registry.get_subjects()
+
+
+def test_schema_id_is_looked_up_once() -> None:
+    registry = mock_registry()
+    framer = ProtobufFramer(WorkflowRunEvent, registry, TOPIC)
+    framer.prepare()
+    header = framer.header
+    framer.prepare()
+    assert framer.header is header
+    assert framer.serialize(b"x") == header + b"x"
+
+
+def test_bytes_from_confluent_serializer_decode_here() -> None:
+    registry = mock_registry()
+    event = completed_event()
+    event.event_id = 99
+    value = ProtobufSerializer(WorkflowRunEvent, registry)(event, CTX)
+    assert EventDecoder(registry).decode(value) == event
+    assert EventDecoder().decode(value) == event
+
+
+def test_without_registry_events_are_plain_protobuf() -> None:
+    serializer = event_serializer(registry=None, topic=TOPIC)
+    assert isinstance(serializer, PlainProtobufSerializer)
+    stored, expected = stored_and_published(checkpoint_event(), 3)
+    assert serializer.serialize(stored) == stored
+    assert EventDecoder().decode(stored) == expected
+
+
+def test_avro_round_trip_through_confluent_avro_serde() -> None:
+    registry = mock_registry()
+    serializer = event_serializer(registry=registry, topic=TOPIC, event_format="avro")
+    assert isinstance(serializer, AvroEventSerializer)
+    serializer.prepare()
+    for event, event_id in ((checkpoint_event(), 11), (completed_event(), 12)):
+        stored, expected = stored_and_published(event, event_id)
+        value = serializer.serialize(stored)
+        assert value[0] == 0
+        assert framed_schema_id(value) == serializer.schema_id
+
+        record = AvroDeserializer(registry)(value, CTX)
+        assert record == event_to_avro_record(expected)
+        assert avro_record_to_event(record) == expected
+        assert EventDecoder(registry).decode(value) == expected
+        # Without a registry the decoder falls back to the contract's own schema.
+        assert EventDecoder(event_format="avro").decode(value) == expected
+
+        theirs = AvroSerializer(registry, avro_schema_text())(event_to_avro_record(expected), CTX)
+        assert EventDecoder(registry).decode(theirs) == expected
+
+
+def test_avro_record_keeps_absent_structs_absent() -> None:
+    event = build_event(
+        job_id=uuid.uuid4(),
+        event_type=EventType.Value("TYPE_ACCEPTED"),
+        workflow_name="w",
+        attempt=0,
+        occurred_at=datetime.now(UTC),
+    )
+    record = event_to_avro_record(event)
+    assert record["response"] is None
+    assert record["result"] is None
+    assert record["type"] == "TYPE_ACCEPTED"
+    back = avro_record_to_event(record)
+    assert not back.HasField("response")
+    assert not back.HasField("result")
+
+
+def test_avro_needs_a_registry() -> None:
+    with pytest.raises(InvalidArgument):
+        event_serializer(registry=None, topic=TOPIC, event_format="avro")
+    with pytest.raises(InvalidArgument):
+        event_serializer(registry=None, topic=TOPIC, event_format="json")
+
+
+def test_mock_registries_in_two_processes_agree_on_ids() -> None:
+    # Two clients stand for two processes: each mock:// client has its own store.
+    producer_side = open_registry("mock://wfjobs")
+    consumer_side = open_registry("mock://wfjobs")
+    serializer = event_serializer(registry=producer_side, topic=TOPIC)
+    serializer.prepare()
+    stored, expected = stored_and_published(checkpoint_event(), 5)
+    value = serializer.serialize(stored)
+    assert ProtobufDeserializer(WorkflowRunEvent, None, consumer_side)(value, CTX) == expected
+
+    request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="w")
+    framed = encode_request(request, registry=producer_side)
+    assert RequestDecoder(consumer_side).decode(framed) == request
+
+
+def test_requests_framed_or_plain() -> None:
+    registry = mock_registry()
+    request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="sample")
+    request.input.update({"text": "hello"})
+
+    framed = encode_request(request, registry=registry)
+    plain = encode_request(request, registry=None)
+    theirs = ProtobufSerializer(WorkflowRunRequest, registry)(
+        request, SerializationContext("workflow-run-requests", MessageField.VALUE)
+    )
+    assert framed[0] == 0
+    assert plain[0] != 0
+    for value in (framed, plain, theirs):
+        assert RequestDecoder(registry).decode(value) == request
+        assert RequestDecoder().decode(value) == request
+    ctx = SerializationContext("workflow-run-requests", MessageField.VALUE)
+    assert ProtobufDeserializer(WorkflowRunRequest, None, registry)(framed, ctx) == request
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\xff\xff\xff",
+        b"\x0a\x10abc",  # a length-delimited field running past the end
+        b"\x00\x00",  # magic byte and nothing else
+        b"\x00\x00\x00\x03\xe7\x00\x0a\x01a",  # framed with an id the registry never issued
+    ],
+)
+def test_garbage_is_undecodable_not_a_crash(value: bytes) -> None:
+    registry = mock_registry()
+    ProtobufFramer(WorkflowRunRequest, registry, "workflow-run-requests").prepare()
+    with pytest.raises(UndecodableMessage):
+        RequestDecoder(registry).decode(value)
+    with pytest.raises(UndecodableMessage):
+        EventDecoder(registry).decode(value)
+
+
+def test_tombstone_is_undecodable() -> None:
+    with pytest.raises(UndecodableMessage):
+        EventDecoder().decode(None)
+    with pytest.raises(UndecodableMessage):
+        RequestDecoder().decode(None)
+
+
+def test_an_unreachable_registry_is_unavailable_not_undecodable() -> None:
+    from streams.services import free_port
+
+    registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{free_port()}", "max.retries": 0})
+    framed = b"\x00\x00\x00\x00\x07\x00\x0a\x01a"
+    with pytest.raises(Unavailable):
+        RequestDecoder(registry).decode(framed)
+    with pytest.raises(Unavailable):
+        EventDecoder(registry).decode(framed)

@@ -43,6 +43,14 @@ class Settings:
     events_topic: str = field(
         default="workflow-run-events", metadata={"env": "WFJOBS_EVENTS_TOPIC"}
     )
+    # Create the requests, dead-letter and events topics when missing (dev
+    # brokers; production provisions its topics).
+    create_topics: bool = field(default=False, metadata={"env": "WFJOBS_CREATE_TOPICS"})
+    topic_partitions: int = field(default=8, metadata={"env": "WFJOBS_TOPIC_PARTITIONS"})
+    topic_replicas: int = field(default=1, metadata={"env": "WFJOBS_TOPIC_REPLICAS"})
+    # Empty means "<requests_topic>.dlq"; see ``dlq_topic``.
+    requests_dlq_topic: str = field(default="", metadata={"env": "WFJOBS_REQUESTS_DLQ_TOPIC"})
+    # Also the Faust app id, which Faust uses as the Kafka consumer group id.
     consumer_group: str = field(default="workflow-jobs-worker", metadata={"env": "WFJOBS_GROUP"})
 
     # Claim loops.
@@ -57,6 +65,11 @@ class Settings:
     max_concurrent_per_target: int = field(
         default=8, metadata={"env": "WFJOBS_MAX_CONCURRENT_PER_TARGET"}
     )
+    # How long a stopping worker lets running segments finish before handing
+    # the rest back to the queue.
+    shutdown_grace_s: float = field(default=10.0, metadata={"env": "WFJOBS_SHUTDOWN_GRACE_S"})
+    # Cap of the backoff the request agent uses while the store is unreachable.
+    store_retry_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_STORE_RETRY_MAX_S"})
 
     # Outbox relay.
     relay_interval_s: float = field(default=0.5, metadata={"env": "WFJOBS_RELAY_INTERVAL_S"})
@@ -66,13 +79,33 @@ class Settings:
     # Store and web.
     pool_min_size: int = field(default=2, metadata={"env": "WFJOBS_POOL_MIN"})
     pool_max_size: int = field(default=10, metadata={"env": "WFJOBS_POOL_MAX"})
+    # How long a caller waits for a pooled connection before the store counts
+    # as unavailable (a 503 for the verbs, a retry for the loops).
+    pool_timeout_s: float = field(default=10.0, metadata={"env": "WFJOBS_POOL_TIMEOUT_S"})
     web_host: str = field(default="127.0.0.1", metadata={"env": "WFJOBS_WEB_HOST"})
     web_port: int = field(default=6066, metadata={"env": "WFJOBS_WEB_PORT"})
     max_body_bytes: int = field(default=1_048_576, metadata={"env": "WFJOBS_MAX_BODY_BYTES"})
+    # Migrations are a deployment step (``wfjobs migrate``, the compose file's
+    # one-shot service); a worker applies them itself only when asked to.
+    auto_migrate: bool = field(default=False, metadata={"env": "WFJOBS_AUTO_MIGRATE"})
+    # Where Faust keeps its local state; empty means Faust's default
+    # ("<app id>-data" under the working directory). No tables live there.
+    data_dir: str = field(default="", metadata={"env": "WFJOBS_DATA_DIR"})
 
     @property
     def store_configured(self) -> bool:
         return bool(self.database_url)
+
+    @property
+    def dlq_topic(self) -> str:
+        """Where undecodable requests go: explicit, else ``<requests_topic>.dlq``."""
+        return self.requests_dlq_topic or f"{self.requests_topic}.dlq"
+
+    @property
+    def broker_url(self) -> str:
+        """Faust's broker URL list: ``kafka://`` before each bootstrap server."""
+        servers = [s.strip() for s in self.kafka_bootstrap_servers.split(",") if s.strip()]
+        return ";".join(f"kafka://{server}" for server in servers)
 
     def env_name(self, attribute: str) -> str:
         for f in fields(self):
@@ -126,7 +159,12 @@ class Settings:
             "relay_batch",
             "relay_max_attempts",
             "pool_max_size",
+            "pool_timeout_s",
             "max_body_bytes",
+            "shutdown_grace_s",
+            "topic_partitions",
+            "topic_replicas",
+            "store_retry_max_s",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:
@@ -135,6 +173,12 @@ class Settings:
                 )
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
             raise SettingsError("WFJOBS_POOL_MIN must be between 0 and WFJOBS_POOL_MAX")
+        if not self.kafka_bootstrap_servers.strip():
+            raise SettingsError("KAFKA_BOOTSTRAP_SERVERS must name at least one host:port")
+        if not self.consumer_group.strip():
+            raise SettingsError("WFJOBS_GROUP must not be blank")
+        if not 0 < self.web_port < 65536:
+            raise SettingsError(f"WFJOBS_WEB_PORT must be a TCP port, got {self.web_port}")
         if self.heartbeat_s < 0 or self.heartbeat_s >= self.lease_s:
             raise SettingsError("WFJOBS_HEARTBEAT_S must be >= 0 and below WFJOBS_LEASE_S")
 
@@ -161,5 +205,9 @@ def _parse(name: str, raw: str, default: Any) -> Any:
             return tuple(part.strip() for part in raw.split(",") if part.strip())
         return raw
     except ValueError:
-        kind = type(default).__name__
-        raise SettingsError(f"{name} must be a {kind}, got {raw!r}") from None
+        kind = {
+            "bool": "boolean (true/false)",
+            "int": "an integer",
+            "float": "a number",
+        }.get(type(default).__name__, type(default).__name__)
+        raise SettingsError(f"{name} must be {kind}, got {raw!r}") from None

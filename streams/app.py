@@ -1,0 +1,106 @@
+"""The Faust app: the one process users deploy (``faust -A streams.app worker``).
+
+Everything is configured by ``streams.settings.Settings``, read from the
+environment once when this module is imported; a malformed variable stops the
+import with its name. Roles switch the parts on:
+
+* ``api``    - the HTTP verbs on the Faust web server (``/healthz`` is always on);
+* ``worker`` - the request agent, the claim loops, the lease sweeper;
+* ``relay``  - the outbox relay to the events topic.
+
+``WFJOBS_WORKER_ID`` is required to start a worker process: it is written into
+``lease_owner``, so a row always tells which process holds it. Handler modules
+named in ``WFJOBS_HANDLERS`` are imported before anything starts.
+
+Postgres is the store, so Faust keeps no tables (``store='memory://'``) and
+needs no leader election topic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn
+
+import faust
+
+from streams.request_agent import register_request_agent
+from streams.runtime import Runtime
+from streams.settings import Settings, SettingsError
+from streams.web import Api, register_views
+
+
+class Worker(faust.Worker):
+    """Refuses to start without a worker id, before touching Kafka or Postgres."""
+
+    def execute_from_commandline(self) -> NoReturn:
+        # As with ``python -m``, the working directory is importable, so a
+        # project's own handler modules can be named in WFJOBS_HANDLERS (the
+        # ``faust`` script's path starts at its own bin directory instead).
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.append(cwd)
+        runtime = getattr(self.app, "wfjobs_runtime", None)
+        if isinstance(runtime, Runtime):
+            try:
+                runtime.settings.require_worker_id()
+                runtime.load_handlers()
+            except (SettingsError, ImportError) as exc:
+                print(f"workflow-jobs: refusing to start: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+        super().execute_from_commandline()
+
+
+def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.App:
+    """Build the app ``settings`` describe; the runtime may be handed in by tests."""
+    runtime = runtime if runtime is not None else Runtime(settings)
+    options: dict[str, Any] = {}
+    if settings.data_dir:
+        options["datadir"] = settings.data_dir
+    app = faust.App(
+        settings.consumer_group,
+        broker=settings.broker_url,
+        # Only our settings configure the app: Faust would otherwise also read
+        # unprefixed variables such as WEB_PORT from the environment.
+        env={},
+        store="memory://",
+        topic_disable_leader=True,
+        autodiscover=False,
+        web_enabled=True,
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+        # The request agent decides when an offset may move (see request_agent).
+        consumer_auto_offset_reset="earliest",
+        # A rebalance must not wait for a message that is stuck behind a store
+        # outage: its offset was not acknowledged, so the partition's next
+        # owner gets it again, and submitting is idempotent on job_id.
+        stream_wait_empty=False,
+        Worker=Worker,
+        **options,
+    )
+    app.wfjobs_runtime = runtime  # type: ignore[attr-defined]
+    # A dependency added now starts before the children Faust adds at start
+    # (producer, consumer, agents, web) and stops after them. So the claim
+    # loops and the sweeper do not wait for the first Kafka rebalance (a
+    # crashed group member can hold that up for a whole session timeout), and
+    # the store stays open until the request agent has stopped.
+    app.add_dependency(runtime)
+    register_views(app, Api(runtime), verbs="api" in settings.roles)
+    if "worker" in settings.roles:
+        register_request_agent(app, runtime)
+    return app
+
+
+def _from_environment() -> faust.App:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"workflow-jobs: invalid configuration: {exc}") from None
+    return create_app(settings)
+
+
+app = _from_environment()
+
+__all__ = ["Worker", "app", "create_app"]

@@ -1,0 +1,453 @@
+"""Claim loops: take QUEUED jobs, run one segment each, settle the outcome.
+
+Shape: one claimer task and ``loops`` runner tasks per process. The claimer
+only claims while some runner is idle, and then as many jobs as there are idle
+runners (up to ``batch``) in one statement, so a hungry process fills all its
+runners in one round trip while a busy one never hoards leases it cannot run
+yet. When a claim comes back short it waits, up to a jittered poll interval,
+for the LISTEN connection to announce new work.
+
+A runner, per job:
+
+1. compiles the snapshot through the process cache (keyed by definition hash);
+2. starts a heartbeat that extends the lease every ``heartbeat_s`` (a worker
+   that stops heartbeating, because it died, loses the job to the sweeper);
+3. takes a slot of the per-target semaphore for the next step's target;
+4. runs one segment with the store as the checkpoint observer;
+5. settles: Completed -> complete, Parked -> park, and a ``StepFailure`` by
+   kind: RETRYABLE -> retry_or_die, VERDICT -> fail(verdict), NON_RETRYABLE ->
+   fail(error).
+
+``LeaseLost`` at any point means another worker owns the job now: drop it,
+write nothing. A store failure while checkpointing is not the job's fault:
+the job is handed back (requeued now, attempt given back), never failed.
+
+Stopping: no more claims; running segments get ``grace_s`` to finish and
+settle; whatever is still running then is cancelled and handed back, as are
+claimed jobs no runner had started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import InvalidArgument, LeaseLost
+from store.runs import ClaimedJob, Lease, RunStore
+from workflows.definition import CompiledWorkflow, Step
+from workflows.failures import FailureKind, StepFailure
+from workflows.invokers import GrpcChannels, HandlerRegistry
+from workflows.runner import Completed, Parked, SegmentOutcome, run_segment
+
+log = logging.getLogger(__name__)
+
+Compile = Callable[[Mapping[str, Any], str | None], CompiledWorkflow]
+
+# How long a stopping claimer may take to finish the claim it has in flight.
+# A claim takes milliseconds; one still pending after this is waiting for a
+# store that is down, and cancelling it costs at most leases the sweeper frees.
+_CLAIM_STOP_TIMEOUT_S = 3.0
+# How long a hand-back may take at shutdown before we leave the job to the sweeper.
+_HAND_BACK_TIMEOUT_S = 5.0
+
+
+class _StoreTrouble(Exception):
+    """The checkpoint observer could not write: the store's fault, not the job's."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+@dataclass
+class ClaimStats:
+    claims: int = 0
+    claimed: int = 0
+    completed: int = 0
+    parked: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    handed_back: int = 0
+    store_errors: int = 0
+
+
+class ClaimLoops:
+    def __init__(
+        self,
+        runs: RunStore,
+        *,
+        worker_id: str,
+        compile: Compile,
+        registry: HandlerRegistry,
+        loops: int = 4,
+        batch: int = 8,
+        poll_interval_s: float = 1.0,
+        heartbeat_s: float = 100.0,
+        max_per_target: int = 8,
+        wake: asyncio.Event | None = None,
+        channels: GrpcChannels | None = None,
+    ) -> None:
+        if loops < 1 or batch < 1 or max_per_target < 1:
+            raise ValueError("loops, batch and max_per_target must be at least 1")
+        if not worker_id.strip():
+            raise ValueError("worker_id must not be blank")
+        self._runs = runs
+        self._worker_id = worker_id
+        self._compile = compile
+        self._registry = registry
+        self._loops = loops
+        self._batch = batch
+        self._poll_interval_s = poll_interval_s
+        self._heartbeat_s = heartbeat_s
+        self._max_per_target = max_per_target
+        self._wake = wake if wake is not None else asyncio.Event()
+        self._channels = channels
+        self._queue: asyncio.Queue[ClaimedJob] = asyncio.Queue()
+        self._idle = loops
+        self._has_idle = asyncio.Event()
+        self._has_idle.set()
+        self._stopping = False
+        self._claimer: asyncio.Task[None] | None = None
+        self._runners: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self.stats = ClaimStats()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._claimer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._claimer = loop.create_task(self._claim_forever(), name="claimer")
+        self._runners = [
+            loop.create_task(self._run_forever(), name=f"claim-loop-{index}")
+            for index in range(self._loops)
+        ]
+        log.info("claim loops started: %d runner(s), worker %s", self._loops, self._worker_id)
+
+    def wake(self) -> None:
+        """Look for work now instead of at the end of the idle wait."""
+        self._wake.set()
+
+    async def stop(self, *, grace_s: float = 10.0) -> None:
+        """Stop claiming, let running segments finish for ``grace_s``, hand back the rest."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._has_idle.set()
+        claimer, self._claimer = self._claimer, None
+        if claimer is not None:
+            # Let an in-flight claim finish: cancelling it could commit leases
+            # we never see, which would then sit until their lease expired.
+            done, _ = await asyncio.wait({claimer}, timeout=_CLAIM_STOP_TIMEOUT_S)
+            if not done:
+                claimer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await claimer
+        busy = [task for task in self._runners if task in self._busy]
+        for task in self._runners:
+            if task not in self._busy:
+                task.cancel()
+        if busy:
+            log.info("waiting up to %.1fs for %d running segment(s)", grace_s, len(busy))
+            _, pending = await asyncio.wait(busy, timeout=grace_s)
+            for task in pending:
+                task.cancel()
+        await asyncio.gather(*self._runners, return_exceptions=True)
+        self._runners = []
+        while not self._queue.empty():
+            await self._hand_back(self._queue.get_nowait().lease, "never started")
+        log.info("claim loops stopped: %s", self.stats)
+
+    # ------------------------------------------------------------------ claiming
+
+    async def _claim_forever(self) -> None:
+        failures = 0
+        while not self._stopping:
+            await self._has_idle.wait()
+            if self._stopping:
+                break
+            want = min(self._batch, self._idle)
+            # Cleared before the claim: a notification that arrives during it
+            # is kept for the wait below instead of being lost.
+            self._wake.clear()
+            try:
+                claimed = await self._runs.claim_batch(self._worker_id, want)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.stats.store_errors += 1
+                if failures == 1 or failures % 10 == 0:
+                    log.warning(
+                        "claim failed (%d in a row): %s: %s", failures, type(exc).__name__, exc
+                    )
+                await self._pause(min(30.0, self._poll_interval_s * 2 ** min(failures, 5)))
+                continue
+            failures = 0
+            self.stats.claims += 1
+            self.stats.claimed += len(claimed)
+            for job in claimed:
+                self._idle -= 1
+                self._queue.put_nowait(job)
+            if self._idle <= 0:
+                self._has_idle.clear()
+            if len(claimed) < want:
+                await self._pause(self._poll_interval_s * random.uniform(0.5, 1.0))
+
+    async def _pause(self, seconds: float) -> None:
+        if self._stopping:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    # ------------------------------------------------------------------ running
+
+    async def _run_forever(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        while not self._stopping:
+            claimed = await self._queue.get()
+            if self._stopping:
+                await self._hand_back(claimed.lease, "never started")
+                continue
+            self._busy.add(task)
+            try:
+                await self.process(claimed)
+            except Exception:
+                # ``process`` settles every outcome itself; reaching here is a
+                # defect. Keep the runner alive and let the job go back.
+                log.exception("job %s: unexpected error in the claim loop", claimed.job_id)
+                await self._hand_back(claimed.lease, "unexpected error")
+            finally:
+                self._busy.discard(task)
+                self._idle += 1
+                self._has_idle.set()
+
+    async def process(self, claimed: ClaimedJob) -> None:
+        """Run one claimed job's segment and settle it; never raises for the job's sake."""
+        lease = claimed.lease
+        job = claimed.job
+        try:
+            workflow = self._compile(claimed.definition, job.definition_hash or None)
+            step = workflow.next_step(job.checkpoints)
+        except StepFailure as failure:
+            await self._settle_failure(lease, failure)
+            return
+        except InvalidArgument as exc:
+            # The snapshot was compiled at submit; failing now means the engine
+            # changed under a live job. Retrying cannot help.
+            await self._settle_failure(
+                lease,
+                StepFailure(
+                    FailureKind.NON_RETRYABLE, "", f"the job's definition no longer compiles: {exc}"
+                ),
+            )
+            return
+
+        segment = asyncio.create_task(
+            self._segment(claimed, workflow, step), name=f"segment-{job.job_id}"
+        )
+        lost = asyncio.Event()
+        beat = asyncio.create_task(self._heartbeat(lease, segment, lost), name="heartbeat")
+        try:
+            try:
+                outcome = await segment
+            finally:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if lost.is_set() and current is not None and not current.cancelling():
+                # The heartbeat found the lease gone and stopped the segment.
+                self.stats.lease_lost += 1
+                return
+            # Shutdown ran out of grace: the next claim resumes from the checkpoints.
+            await self._hand_back(lease, "shutdown")
+            raise
+        except LeaseLost as exc:
+            self.stats.lease_lost += 1
+            log.info("job %s dropped: %s", job.job_id, exc)
+            return
+        except _StoreTrouble as trouble:
+            self.stats.store_errors += 1
+            log.warning("job %s: checkpoint failed (%s); handing it back", job.job_id, trouble)
+            await self._hand_back(lease, "store failure")
+            return
+        except StepFailure as failure:
+            await self._settle_failure(lease, failure)
+            return
+        except Exception as exc:
+            # Not a classified step failure: a defect in this process. Counted
+            # as a retryable attempt so a passing bug cannot strand the job.
+            log.exception("job %s: segment raised unexpectedly", job.job_id)
+            await self._settle_failure(
+                lease,
+                StepFailure(FailureKind.RETRYABLE, "", f"{type(exc).__name__}: {exc}"),
+            )
+            return
+        await self._settle(lease, outcome)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, step: Step | None) -> AsyncIterator[None]:
+        """The per-target cap, taken for the next step's target.
+
+        The cap protects what sits behind a target (one box per model) from the
+        whole fleet; in-process handlers share the ``local`` target, since they
+        often wrap such a service themselves. A segment that goes on to other
+        targets keeps the slot it started with: a documented approximation.
+        """
+        if step is None or step.external:
+            yield
+            return
+        target = step.remote_target or step.target or "local"
+        slot = self._slots.get(target)
+        if slot is None:
+            slot = self._slots[target] = asyncio.Semaphore(self._max_per_target)
+        async with slot:
+            yield
+
+    async def _segment(
+        self, claimed: ClaimedJob, workflow: CompiledWorkflow, step: Step | None
+    ) -> SegmentOutcome:
+        lease = claimed.lease
+
+        async def on_checkpoint(entry: dict[str, Any]) -> None:
+            try:
+                await self._runs.checkpoint(lease, entry)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                raise _StoreTrouble(exc) from exc
+
+        async with self._slot(step):
+            return await run_segment(
+                workflow,
+                claimed.job.input,
+                claimed.job.checkpoints,
+                job_id=str(claimed.job.job_id),
+                attempt=lease.attempt,
+                on_checkpoint=on_checkpoint,
+                registry=self._registry,
+                channels=self._channels,
+            )
+
+    async def _heartbeat(
+        self, lease: Lease, segment: asyncio.Task[Any], lost: asyncio.Event
+    ) -> None:
+        failures = 0
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                await self._runs.extend_lease(lease)
+                failures = 0
+            except LeaseLost as exc:
+                log.warning("job %s: lease lost while running (%s); stopping it", lease.job_id, exc)
+                lost.set()
+                segment.cancel()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The lease still has time left; the next beat tries again.
+                failures += 1
+                log.warning(
+                    "job %s: lease extension failed (%d in a row): %s",
+                    lease.job_id,
+                    failures,
+                    exc,
+                )
+
+    # ------------------------------------------------------------------ settling
+
+    async def _settle(self, lease: Lease, outcome: SegmentOutcome) -> None:
+        try:
+            if isinstance(outcome, Completed):
+                await self._runs.complete(lease, result=outcome.result, verdict=outcome.verdict)
+                self.stats.completed += 1
+            elif isinstance(outcome, Parked):
+                await self._runs.park(lease, outcome.step_name)
+                self.stats.parked += 1
+            else:  # pragma: no cover - the runner has exactly two outcomes
+                raise TypeError(f"unknown segment outcome {outcome!r}")
+        except LeaseLost as exc:
+            self.stats.lease_lost += 1
+            log.info("job %s dropped at settle: %s", lease.job_id, exc)
+        except Exception as exc:
+            await self._settle_error(lease, exc)
+
+    async def _settle_failure(self, lease: Lease, failure: StepFailure) -> None:
+        error = str(failure)
+        try:
+            if failure.kind is FailureKind.RETRYABLE:
+                outcome = await self._runs.retry_or_die(lease, error)
+                if outcome.dead:
+                    self.stats.dead += 1
+                    log.warning(
+                        "job %s DEAD after %d attempt(s): %s", lease.job_id, outcome.attempt, error
+                    )
+                else:
+                    self.stats.retried += 1
+                    log.info(
+                        "job %s: attempt %d/%d failed, retry at %s: %s",
+                        lease.job_id,
+                        outcome.attempt,
+                        outcome.max_attempts,
+                        outcome.run_after.isoformat(),
+                        error,
+                    )
+            elif failure.kind is FailureKind.VERDICT:
+                await self._runs.fail(lease, verdict=error)
+                self.stats.failed += 1
+            else:
+                await self._runs.fail(lease, error=error)
+                self.stats.failed += 1
+                log.warning("job %s FAILED: %s", lease.job_id, error)
+        except LeaseLost as exc:
+            self.stats.lease_lost += 1
+            log.info("job %s dropped at settle: %s", lease.job_id, exc)
+        except Exception as exc:
+            await self._settle_error(lease, exc)
+
+    async def _settle_error(self, lease: Lease, exc: BaseException) -> None:
+        """The store refused a settle for its own reasons: requeue, never invent an outcome."""
+        self.stats.store_errors += 1
+        log.warning(
+            "job %s: could not settle (%s: %s); handing it back",
+            lease.job_id,
+            type(exc).__name__,
+            exc,
+        )
+        await self._hand_back(lease, "settle failed")
+
+    async def _hand_back(self, lease: Lease, why: str) -> None:
+        """Requeue now with the attempt given back; if that fails too, the sweeper will."""
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(self._runs.hand_back(lease)), timeout=_HAND_BACK_TIMEOUT_S
+            )
+            self.stats.handed_back += 1
+            log.info("job %s handed back (%s)", lease.job_id, why)
+        except LeaseLost:
+            self.stats.lease_lost += 1
+        except Exception as exc:
+            log.warning(
+                "job %s: hand-back failed (%s: %s); the sweeper will requeue it when the "
+                "lease expires",
+                lease.job_id,
+                type(exc).__name__,
+                exc,
+            )
+
+
+__all__ = ["ClaimLoops", "ClaimStats", "Compile"]

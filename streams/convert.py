@@ -1,0 +1,130 @@
+"""Store rows to the proto messages the verbs answer with, and back to JSON.
+
+The HTTP bodies are the proto3 JSON mapping of ``schemas/`` messages, so every
+answer goes row -> message -> ``schemas.contract.to_json``; nothing hand-builds
+a JSON shape that could drift from the ``.proto``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from schemas.contract import api_pb2, to_json
+from store.definitions import StoredDefinition
+from store.runs import Job
+
+JobMessage = api_pb2.Job
+
+# The row's status column holds the enum's names; anything else is a bug upstream.
+_STATUS_VALUES: Mapping[str, int] = {
+    name: number for name, number in JobMessage.Status.items() if name != "STATUS_UNSPECIFIED"
+}
+
+
+def status_value(status: str) -> int:
+    try:
+        return _STATUS_VALUES[status]
+    except KeyError:
+        raise ValueError(f"unknown job status {status!r} in the store") from None
+
+
+def _set_struct(target: Struct, value: Mapping[str, Any] | None) -> None:
+    if value:
+        target.update(dict(value))
+
+
+def _set_time(target: Timestamp, value: datetime | None) -> None:
+    if value is not None:
+        target.FromDatetime(value)
+
+
+def job_message(job: Job) -> api_pb2.Job:
+    """The read-only ``Job`` view of one ``workflow_run`` row."""
+    message = JobMessage(
+        job_id=str(job.job_id),
+        workflow_name=job.workflow_name,
+        status=status_value(job.status),  # type: ignore[arg-type]
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        outstanding_step=job.outstanding_step or "",
+        verdict=job.verdict or "",
+        error=job.error or "",
+        lease_owner=job.lease_owner or "",
+    )
+    for entry in job.checkpoints:
+        checkpoint = message.checkpoints.add(
+            name=str(entry.get("name", "")), skipped=bool(entry.get("skipped", False))
+        )
+        response = entry.get("response")
+        if isinstance(response, Mapping):
+            # An empty response still marks the field present, so a reader can
+            # tell "the step answered {}" from "no response recorded".
+            checkpoint.response.SetInParent()
+            _set_struct(checkpoint.response, response)
+    if job.input is not None:
+        message.input.SetInParent()
+        _set_struct(message.input, job.input)
+    if job.result is not None:
+        message.result.SetInParent()
+        _set_struct(message.result, job.result)
+    _set_time(message.run_after, job.run_after)
+    _set_time(message.lease_until, job.lease_until)
+    _set_time(message.created_at, job.created_at)
+    _set_time(message.updated_at, job.updated_at)
+    return message
+
+
+def stored_workflow_message(stored: StoredDefinition) -> api_pb2.StoredWorkflow:
+    message = api_pb2.StoredWorkflow(name=stored.name)
+    message.definition.SetInParent()
+    _set_struct(message.definition, stored.definition)
+    _set_time(message.created_at, stored.created_at)
+    _set_time(message.updated_at, stored.updated_at)
+    return message
+
+
+def struct_to_dict(value: Struct) -> dict[str, Any]:
+    """A ``Struct`` as plain JSON values.
+
+    ``Struct`` keeps every number as a double; JSON does not tell 3 from 3.0, so
+    integral values come back as ints and an int64 field of the input type never
+    sees "3.0".
+    """
+    result: dict[str, Any] = _integral(json_format.MessageToDict(value))
+    return result
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """proto3 JSON of ``message``, with ``Struct`` numbers that are integral as ints.
+
+    Checkpoints, inputs and results travel as ``Struct``, whose numbers are all
+    doubles; without this a token id 17058 would read 17058.0 in every answer.
+    """
+    result: dict[str, Any] = _integral(to_json(message))
+    return result
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral(item) for item in value]
+    return value
+
+
+__all__ = [
+    "job_message",
+    "message_json",
+    "status_value",
+    "stored_workflow_message",
+    "struct_to_dict",
+]

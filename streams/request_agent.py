@@ -1,0 +1,268 @@
+"""The request agent: ``workflow-run-requests`` into job rows.
+
+One message, one outcome, decided in ``RequestHandler.handle``:
+
+* the value cannot be decoded as a ``WorkflowRunRequest`` (framed through the
+  registry or plain Protobuf), or it breaks the message's rules (a job id that
+  is not a UUID, an empty workflow name): the same key and value go to the
+  dead-letter topic with the reason in the ``x-wfjobs-dlq-reason`` header;
+* the named workflow is not stored, its definition does not compile, or the
+  input does not fit its input type: a FAILED row with the reason (and its
+  FAILED event), so whoever produced the request can look the job up by id;
+* otherwise the stored workflow is submitted, idempotently on ``job_id``.
+
+The offset is acknowledged only once that outcome is durable (the row
+committed, or the dead letter acknowledged by the broker). When the store, the
+registry or the broker cannot be reached the agent retries the same message in
+place, with growing pauses, rather than skipping it; a crash meanwhile replays
+the message, which the idempotent submit absorbs. A message that keeps hitting
+an unexpected error (a defect of this process, not an outage) is dead-lettered
+after a few tries with that error as the reason, so it cannot stall its
+partition forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import psycopg
+import psycopg_pool
+
+from schemas.contract import WorkflowRunRequest, violations
+from schemas.errors import InvalidArgument, NotFound, Unavailable
+from schemas.serde import RequestDecoder, UndecodableMessage, open_registry
+from streams.convert import struct_to_dict
+
+if TYPE_CHECKING:
+    import faust
+    from faust.types import EventT, StreamT
+
+    from streams.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DLQ_REASON_HEADER = "x-wfjobs-dlq-reason"
+
+# Errors that say "try the same thing again later", not "this message is bad".
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg_pool.PoolTimeout,
+    psycopg_pool.PoolClosed,
+    Unavailable,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
+
+# Sends one dead letter and returns once the broker acknowledged it.
+DeadLetter = Callable[[bytes | None, bytes | None, str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    job_id: uuid.UUID | None = None
+    reason: str = ""
+
+
+class RequestHandler:
+    """Turns one request message into a durable outcome; knows nothing of Faust."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        decoder: RequestDecoder,
+        dead_letter: DeadLetter,
+        topic: str,
+    ) -> None:
+        self._runtime = runtime
+        self._decoder = decoder
+        self._dead_letter = dead_letter
+        self._topic = topic
+
+    async def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
+        """One attempt; transient failures propagate so the caller can retry."""
+        try:
+            request = self._decoder.decode(value, topic=self._topic)
+        except UndecodableMessage as exc:
+            return await self.reject(key, value, exc.message)
+        problems = violations(request)
+        if problems:
+            return await self.reject(key, value, "; ".join(problems))
+        return await self._submit(request)
+
+    async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
+        """Send the message to the dead-letter topic with ``reason``."""
+        log.warning("request to the dead-letter topic: %s", reason)
+        await self._dead_letter(key, value, reason)
+        return Outcome("dead_lettered", reason=reason)
+
+    async def _submit(self, request: WorkflowRunRequest) -> Outcome:
+        runs = self._runtime.require_runs()
+        definitions = self._runtime.require_definitions()
+        job_id = uuid.UUID(request.job_id)
+        name = request.workflow_name
+        input_ = struct_to_dict(request.input)
+        try:
+            stored = await definitions.get(name)
+        except NotFound:
+            return await self._failed(
+                job_id, name, input_, f"unknown workflow {name!r}: no stored definition"
+            )
+        except InvalidArgument as exc:
+            return await self._failed(job_id, name, input_, exc.message)
+        try:
+            compiled = self._runtime.compile(stored.definition)
+            normalized = compiled.validate_input(input_)
+        except InvalidArgument as exc:
+            # A known workflow that cannot take this request: the producer's
+            # mistake or a broken stored definition, recorded where it is seen.
+            return await self._failed(job_id, name, input_, exc.message)
+        result = await runs.submit(
+            job_id=job_id,
+            workflow_name=name,
+            definition=stored.definition,
+            definition_hash=compiled.definition_hash,
+            input=normalized,
+        )
+        return Outcome("submitted" if result.created else "existing", job_id)
+
+    async def _failed(
+        self, job_id: uuid.UUID, name: str, input_: dict[str, Any], reason: str
+    ) -> Outcome:
+        log.warning("request for job %s recorded as FAILED: %s", job_id, reason)
+        result = await self._runtime.require_runs().submit_failed(
+            job_id=job_id, workflow_name=name, input=input_, error=reason
+        )
+        return Outcome("failed" if result.created else "existing", job_id, reason)
+
+
+async def handle_until_done(
+    handler: RequestHandler,
+    key: bytes | None,
+    value: bytes | None,
+    *,
+    base_s: float = 0.2,
+    cap_s: float = 30.0,
+    max_defects: int = 3,
+) -> Outcome:
+    """``handler.handle`` until it succeeds: an outage is waited out, never skipped.
+
+    An exception that is not an outage is a defect here, not in the message:
+    it is retried too (it may be a passing one), and after ``max_defects`` of
+    them the message is dead-lettered with the error as its reason.
+    """
+    failures = 0
+    defects = 0
+    last_defect = ""
+    while True:
+        try:
+            if defects >= max_defects:
+                return await handler.reject(
+                    key, value, f"internal error while handling the request: {last_defect}"
+                )
+            return await handler.handle(key, value)
+        except asyncio.CancelledError:
+            raise
+        except TRANSIENT_ERRORS as exc:
+            failures += 1
+            pause = min(cap_s, base_s * 2 ** min(failures - 1, 16))
+            log.warning(
+                "request not handled (%s: %s); retrying in %.1fs (failure %d)",
+                type(exc).__name__,
+                exc,
+                pause,
+                failures,
+            )
+        except Exception as exc:
+            failures += 1
+            defects += 1
+            last_defect = f"{type(exc).__name__}: {exc}"
+            pause = min(cap_s, base_s * 2 ** min(failures - 1, 16))
+            log.exception("request not handled; retrying in %.1fs (failure %d)", pause, failures)
+        await asyncio.sleep(pause * random.uniform(0.8, 1.2))
+
+
+def register_request_agent(app: faust.App, runtime: Runtime) -> None:
+    """Attach the agent consuming the requests topic to ``app``."""
+    settings = runtime.settings
+    declared: dict[str, Any] = {}
+    if settings.create_topics:
+        # Faust declares an internal topic before it subscribes to it.
+        declared = {
+            "internal": True,
+            "partitions": settings.topic_partitions,
+            "replicas": settings.topic_replicas,
+        }
+    requests = app.topic(
+        settings.requests_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        allow_empty=True,
+        **declared,
+    )
+    registry = (
+        open_registry(
+            settings.schema_registry_url,
+            events_topic=settings.events_topic,
+            requests_topic=settings.requests_topic,
+        )
+        if settings.schema_registry_url
+        else None
+    )
+    decoder = RequestDecoder(registry, topic=settings.requests_topic)
+
+    async def dead_letter(key: bytes | None, value: bytes | None, reason: str) -> None:
+        # Waits for the broker's acknowledgement: the request's own offset must
+        # not move past a dead letter that was never written.
+        await app.producer.send_and_wait(
+            settings.dlq_topic,
+            key,
+            value,
+            None,
+            None,
+            [(DLQ_REASON_HEADER, reason.encode("utf-8", "replace"))],
+        )
+
+    handler = RequestHandler(
+        runtime, decoder=decoder, dead_letter=dead_letter, topic=settings.requests_topic
+    )
+
+    async def consume(stream: StreamT[bytes]) -> None:
+        if settings.create_topics:
+            for name in (settings.dlq_topic, settings.events_topic):
+                await app.topic(name, **declared).maybe_declare()
+        await runtime.wait_ready()
+        # Manual acks: Faust acks an event when the agent asks for the next one
+        # and also when the agent is cancelled mid-event; only the explicit ack
+        # below, after the outcome is durable, may move the offset.
+        manual = cast(Any, stream).noack()
+        event: EventT[bytes]
+        async for event in manual.events():
+            key = event.key if isinstance(event.key, bytes) or event.key is None else None
+            value = event.value if isinstance(event.value, bytes) else None
+            outcome = await handle_until_done(handler, key, value, cap_s=settings.store_retry_max_s)
+            log.debug("request at offset %s: %s", event.message.offset, outcome.kind)
+            await manual.ack(event)
+
+    app.agent(requests, name="workflow-run-requests")(consume)
+
+
+__all__ = [
+    "DLQ_REASON_HEADER",
+    "Outcome",
+    "RequestHandler",
+    "handle_until_done",
+    "register_request_agent",
+]

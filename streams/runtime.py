@@ -1,0 +1,243 @@
+"""What one process holds for its whole life: pool, stores, engine cache, loops.
+
+``Runtime`` is a mode ``Service`` the Faust app starts and stops. It opens the
+connection pool (applying migrations first only when ``WFJOBS_AUTO_MIGRATE``
+is on), builds the stores, and starts whichever loops the process's roles ask
+for: the claim loops, the sweeper and the LISTEN connection for ``worker``, the
+outbox relay for ``relay``. Stopping goes in the reverse order, the claim loops
+first, so a running segment can still checkpoint while it finishes.
+
+A process without ``DATABASE_URL`` still runs: the verbs answer UNAVAILABLE
+and no loop starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import mode
+
+from schemas.errors import FailedPrecondition, Unavailable
+from store.channels import JOBS_QUEUED_CHANNEL
+from store.definitions import DefinitionStore
+from store.migrate import migrate
+from store.outbox import Outbox
+from store.pool import Pool, create_pool
+from store.runs import RunStore, StepVerdict, StepVerifier
+from streams.claims import ClaimLoops
+from streams.listener import Listener
+from streams.settings import Settings
+from streams.sweeper import Sweeper
+from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.failures import StepFailure
+from workflows.invokers import HandlerRegistry, default_registry, load_handler_modules
+
+log = logging.getLogger(__name__)
+
+
+class Runtime(mode.Service):
+    """The store side of a process, started and stopped with the Faust app."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: HandlerRegistry | None = None,
+        cache: DefinitionCache | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        # Handler modules register into the engine's default registry unless a
+        # test hands in its own.
+        self.registry = registry if registry is not None else default_registry
+        self.cache = cache if cache is not None else DefinitionCache()
+        self.pool: Pool | None = None
+        self.runs: RunStore | None = None
+        self.definitions: DefinitionStore | None = None
+        self.outbox: Outbox | None = None
+        self.listener: Listener | None = None
+        self.claims: ClaimLoops | None = None
+        self.sweeper: Sweeper | None = None
+        self.relay: Any = None
+        self._ready = asyncio.Event()
+        self._handlers_loaded = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def load_handlers(self) -> None:
+        """Import ``WFJOBS_HANDLERS`` once; an import error names the module."""
+        if self._handlers_loaded:
+            return
+        self._handlers_loaded = True
+        if self.settings.handler_modules:
+            modules = load_handler_modules(self.settings.handler_modules, self.registry)
+            log.info("handler modules loaded: %s", ", ".join(m.__name__ for m in modules))
+
+    async def on_start(self) -> None:
+        settings = self.settings
+        if "worker" in settings.roles:
+            settings.require_worker_id()
+            self.load_handlers()
+        if not settings.store_configured:
+            log.warning(
+                "DATABASE_URL is not set: the verbs answer 503 UNAVAILABLE and no job runs here"
+            )
+            self._ready.set()
+            return
+        if settings.auto_migrate:
+            applied = await migrate(settings.database_url)
+            log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
+        pool = create_pool(
+            settings.database_url,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout_s=settings.pool_timeout_s,
+            application_name=f"workflow-jobs {settings.worker_id}".strip()[:63],
+        )
+        # Not waiting for the first connections: a database that is briefly
+        # away at boot must not keep the worker down; every loop retries.
+        await pool.open(wait=False)
+        self.pool = pool
+        self.runs = RunStore(
+            pool,
+            retry_base_s=settings.retry_base_s,
+            default_max_attempts=settings.max_attempts,
+            lease_s=settings.lease_s,
+        )
+        self.definitions = DefinitionStore(pool)
+        self.outbox = Outbox(pool, max_attempts=settings.relay_max_attempts)
+        if "worker" in settings.roles:
+            self.listener = Listener(settings.database_url, JOBS_QUEUED_CHANNEL)
+            self.listener.start()
+            self.claims = ClaimLoops(
+                self.runs,
+                worker_id=settings.require_worker_id(),
+                compile=self.compile,
+                registry=self.registry,
+                loops=settings.claim_loops,
+                batch=settings.claim_batch,
+                poll_interval_s=settings.poll_interval_s,
+                heartbeat_s=settings.effective_heartbeat_s,
+                max_per_target=settings.max_concurrent_per_target,
+                wake=self.listener.subscribe(),
+            )
+            self.claims.start()
+            self.sweeper = Sweeper(self.runs, interval_s=settings.sweep_interval_s)
+            self.sweeper.start()
+        if "relay" in settings.roles:
+            # Imported here: the relay pulls in the producer client only where it runs.
+            from streams.relay import build_relay
+
+            self.relay = build_relay(settings, self.outbox)
+            self.relay.start()
+        self._ready.set()
+        log.info(
+            "runtime started: worker %s, roles %s",
+            settings.worker_id,
+            ", ".join(sorted(settings.roles)),
+        )
+
+    async def on_stop(self) -> None:
+        # Claim loops first: their segments may still checkpoint through the pool.
+        if self.claims is not None:
+            await self.claims.stop(grace_s=self.settings.shutdown_grace_s)
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+        if self.relay is not None:
+            await self.relay.stop()
+        if self.listener is not None:
+            await self.listener.stop()
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.close()
+        log.info("runtime stopped")
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    # ------------------------------------------------------------------ stores
+
+    def _unavailable(self) -> Unavailable:
+        if not self.settings.store_configured:
+            return Unavailable(
+                "no store is configured for this process (DATABASE_URL is not set), "
+                "so it cannot read or write jobs"
+            )
+        return Unavailable("the store is still starting; retry in a moment")
+
+    def require_runs(self) -> RunStore:
+        if self.runs is None:
+            raise self._unavailable()
+        return self.runs
+
+    def require_definitions(self) -> DefinitionStore:
+        if self.definitions is None:
+            raise self._unavailable()
+        return self.definitions
+
+    async def check_store(self) -> str:
+        """Empty when the store answers, else what is wrong (for /healthz)."""
+        if self.pool is None:
+            return self._unavailable().message
+        try:
+            async with self.pool.connection(timeout=2.0) as conn:
+                await conn.execute("SELECT 1")
+        except Exception as exc:
+            return f"unreachable: {type(exc).__name__}: {exc}"
+        return ""
+
+    # ------------------------------------------------------------------ engine
+
+    def compile(self, envelope: Mapping[str, Any], digest: str | None = None) -> CompiledWorkflow:
+        """The compiled workflow for a definition snapshot, from the process cache."""
+        return self.cache.get(envelope, digest=digest or None)
+
+    def step_verifier(
+        self,
+        step_name: str,
+        *,
+        input: Mapping[str, Any] | None = None,
+        checkpoints: Sequence[Mapping[str, Any]] = (),
+    ) -> StepVerifier:
+        """The judge ``RunStore.complete_step`` calls under the row lock.
+
+        It only parses and evaluates rules (no I/O). ``input`` and
+        ``checkpoints`` are the job's, read before the lock: neither can change
+        while the job is WAITING, and the store re-checks that state under it.
+        """
+
+        def verify(definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
+            workflow = self.compile(definition)
+            step = workflow.step(step_name)
+            if step.reads_scope and input is None:
+                # The job was not yet parked here when it was read, and is now.
+                raise FailedPrecondition(
+                    f"job changed state while the response for step {step_name!r} was being "
+                    "checked; send it again"
+                )
+            try:
+                verdict = workflow.accept_external(
+                    step_name,
+                    response,
+                    input=input if step.reads_scope else None,
+                    checkpoints=list(checkpoints) if step.reads_scope else None,
+                )
+            except StepFailure as failure:
+                # A validate rule that cannot be evaluated is a defect of the
+                # definition: the job fails loudly rather than waiting forever.
+                return StepVerdict(accepted=False, response=response, violations=str(failure))
+            if verdict.accepted and verdict.entry is not None:
+                return StepVerdict(accepted=True, response=dict(verdict.entry["response"]))
+            return StepVerdict(
+                accepted=False, response=response, violations="; ".join(verdict.violations)
+            )
+
+        return verify
+
+
+__all__ = ["Runtime"]

@@ -1,0 +1,38 @@
+"""Per-test stacks for the end-to-end tests: database, topics, registry, workers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from store.migrate import migrate
+from store.pool import open_pool
+from tests.e2e.harness import Stack
+
+# The requests and events topics have this many partitions; the DLQ has one.
+PARTITIONS = 3
+
+
+@pytest.fixture
+async def stack(
+    make_database: Callable[[], str],
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> AsyncIterator[Stack]:
+    dsn = make_database()
+    await migrate(dsn)
+    topics = {
+        "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
+        "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),
+        "events": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-events"),
+    }
+    pool = await open_pool(dsn, min_size=1, max_size=4)
+    built = Stack(dsn=dsn, bootstrap=kafka_bootstrap, topics=topics, tmp=tmp_path, pool=pool)
+    try:
+        yield built
+    finally:
+        built.stop_workers()
+        await pool.close()

@@ -1,0 +1,73 @@
+"""Retryable step failures in a worker process: one that heals, one that never does."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import PARTITIONS
+from tests.e2e.harness import Stack, dedupe, type_name
+from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, envelope
+
+pytestmark = pytest.mark.e2e
+
+
+async def _store(stack: Stack, url: str, workflow: dict[str, object]) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
+        assert put.status_code == 200, put.text
+
+
+async def test_unavailable_once_then_success_runs_earlier_steps_once(stack: Stack) -> None:
+    worker = await stack.start_worker("w1")
+    workflow = envelope(name="e2e-auto", review="invoke")
+    await _store(stack, worker.url, workflow)
+
+    job_id = stack.produce_request(
+        workflow["name"], {"text": "try again", "embed_fail": "UNAVAILABLE@1"}
+    )
+    stack.flush()
+    job = await stack.wait_for_job(job_id, {"COMPLETED", "FAILED", "DEAD"})
+
+    assert job.status == "COMPLETED", job
+    assert job.attempt == 2
+    assert job.verdict == "completed 3 steps: tokenize, embed, review"
+    assert [entry["name"] for entry in job.checkpoints] == ["tokenize", "embed", "review"]
+    calls = stack.calls_for(job_id)
+    assert [(c.method, c.attempt) for c in calls] == [
+        (TOKENIZE, 1),
+        (EMBED, 1),
+        (EMBED, 2),
+        (REVIEW, 2),
+    ]
+
+
+async def test_always_unavailable_lands_dead_with_the_error_verbatim(stack: Stack) -> None:
+    worker = await stack.start_worker("w1")
+    reader = stack.event_reader(PARTITIONS)
+    workflow = envelope(name="e2e-auto", review="invoke")
+    await _store(stack, worker.url, workflow)
+
+    job_id = stack.produce_request(workflow["name"], {"text": "never", "embed_fail": "UNAVAILABLE"})
+    stack.flush()
+    job = await stack.wait_for_job(job_id, {"COMPLETED", "FAILED", "DEAD"})
+
+    expected = "step 'embed': gRPC UNAVAILABLE: test fault UNAVAILABLE"
+    assert job.status == "DEAD", job
+    assert job.attempt == job.max_attempts == 3
+    assert job.error == expected
+    assert [entry["name"] for entry in job.checkpoints] == ["tokenize"]
+    assert [(c.method, c.attempt) for c in stack.calls_for(job_id)] == [
+        (TOKENIZE, 1),
+        (EMBED, 1),
+        (EMBED, 2),
+        (EMBED, 3),
+    ]
+
+    await reader.wait(lambda _: any(type_name(e) == "DEAD" for e in reader.for_job(job_id)))
+    events = dedupe(reader.for_job(job_id))
+    # Retries are row changes only: no event between the checkpoint and DEAD.
+    assert [type_name(e) for e in events] == ["ACCEPTED", "STEP_CHECKPOINT", "DEAD"]
+    assert events[-1].error == expected
+    assert events[-1].attempt == 3
+    reader.close()

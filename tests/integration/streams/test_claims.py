@@ -1,0 +1,285 @@
+"""Claim loops in-process against a real Postgres: settle, heartbeat, hand back, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import psycopg
+import pytest
+from google.protobuf.message import Message
+
+from store.channels import JOBS_QUEUED_CHANNEL
+from store.pool import Pool, open_pool
+from store.runs import Lease, RunStore
+from streams.claims import ClaimLoops
+from streams.listener import Listener
+from streams.sweeper import Sweeper
+from tests.workflows_fixtures import EMBED, TOKENIZE, CallLog, envelope, make_registry
+from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.invokers import HandlerRegistry, StepContext
+
+REMOTE = "127.0.0.1:9"  # never dialled: the registry serves every method in-process
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[Pool]:
+    opened = await open_pool(dsn, min_size=1, max_size=12)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+class Harness:
+    def __init__(self, runs: RunStore, registry: HandlerRegistry, calls: CallLog) -> None:
+        self.runs = runs
+        self.registry = registry
+        self.calls = calls
+        self.cache = DefinitionCache()
+
+    def compile(self, envelope: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return self.cache.get(envelope, digest=digest)
+
+    def loops(self, **options: Any) -> ClaimLoops:
+        defaults: dict[str, Any] = {
+            "worker_id": "w-test",
+            "compile": self.compile,
+            "registry": self.registry,
+            "loops": 2,
+            "poll_interval_s": 0.05,
+            "heartbeat_s": 0.2,
+        }
+        return ClaimLoops(self.runs, **{**defaults, **options})
+
+    async def submit(
+        self, workflow: dict[str, Any], input: dict[str, Any], **options: Any
+    ) -> uuid.UUID:
+        compiled = self.cache.get(workflow)
+        job_id = uuid.uuid4()
+        await self.runs.submit(
+            job_id=job_id,
+            workflow_name=compiled.name,
+            definition=workflow,
+            definition_hash=compiled.definition_hash,
+            input=compiled.validate_input(input),
+            **options,
+        )
+        return job_id
+
+    async def wait_status(self, job_id: uuid.UUID, *statuses: str, timeout_s: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = await self.runs.get(job_id)
+            if job.status in statuses:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job.status}, wanted {statuses}: {job}")
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def harness(pool: Pool) -> Harness:
+    calls = CallLog()
+    return Harness(RunStore(pool, retry_base_s=0.05, lease_s=2.0), make_registry(calls), calls)
+
+
+async def test_jobs_complete_park_and_fail_by_kind(harness: Harness) -> None:
+    done = await harness.submit(envelope(name="auto", review="invoke"), {"text": "a b c"})
+    parked = await harness.submit(envelope(name="review"), {"text": "a b"})
+    broken = await harness.submit(
+        envelope(name="auto", review="invoke"), {"text": "x", "fail": "NON_RETRYABLE"}
+    )
+    verdict = await harness.submit(envelope(name="auto", review="invoke"), {"text": "reject it"})
+    loops = harness.loops(loops=3)
+    loops.start()
+    try:
+        completed = await harness.wait_status(done, "COMPLETED")
+        assert completed.verdict == "completed 3 steps: tokenize, embed, review"
+        waiting = await harness.wait_status(parked, "WAITING")
+        assert waiting.outstanding_step == "review"
+        failed = await harness.wait_status(broken, "FAILED")
+        assert failed.error == "step 'tokenize': test fault NON_RETRYABLE"
+        assert failed.verdict is None
+        judged = await harness.wait_status(verdict, "FAILED")
+        assert judged.verdict is not None and "response.approved" in judged.verdict
+    finally:
+        await loops.stop(grace_s=1)
+    assert loops.stats.completed == 1 and loops.stats.parked == 1 and loops.stats.failed == 2
+
+
+@pytest.mark.parametrize("target", [REMOTE, "local"])
+async def test_the_per_target_cap_bounds_concurrent_segments(harness: Harness, target: str) -> None:
+    running = 0
+    peak = 0
+    inner = harness.registry.get(TOKENIZE)
+    assert inner is not None
+
+    async def counted(request: Message, ctx: StepContext) -> Any:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.15)
+            return await inner(request, ctx)
+        finally:
+            running -= 1
+
+    harness.registry.register(TOKENIZE, counted, replace=True)
+    workflow = envelope(name="capped", target=target, review="invoke")
+    jobs = [await harness.submit(workflow, {"text": f"job {n}"}) for n in range(6)]
+    loops = harness.loops(loops=6, max_per_target=2)
+    loops.start()
+    try:
+        for job_id in jobs:
+            await harness.wait_status(job_id, "COMPLETED")
+    finally:
+        await loops.stop(grace_s=1)
+    assert peak == 2
+
+
+async def test_a_lost_lease_stops_the_segment_and_writes_nothing(
+    harness: Harness, pool: Pool
+) -> None:
+    job_id = await harness.submit(
+        envelope(name="slow", review="invoke"), {"text": "slow", "delay_ms": 3000}
+    )
+    loops = harness.loops(loops=1, heartbeat_s=0.1)
+    loops.start()
+    try:
+        await harness.wait_status(job_id, "RUNNING")
+        # Another worker's sweeper decides the lease is gone, and requeues the job.
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE workflow_run SET lease_until = now() - interval '1 second'"
+                " WHERE job_id = %s",
+                (job_id,),
+            )
+        await harness.runs.sweep_expired()
+        swept = time.monotonic()
+        for _ in range(250):
+            if loops.stats.lease_lost:
+                break
+            await asyncio.sleep(0.02)
+        assert loops.stats.lease_lost == 1
+        # Found by the heartbeat, well before the 3 s step would have ended.
+        assert time.monotonic() - swept < 1.5
+    finally:
+        await loops.stop(grace_s=1)
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT event_type FROM workflow_run_events_outbox WHERE job_id = %s ORDER BY id",
+            (job_id,),
+        )
+        assert [row[0] for row in await cursor.fetchall()] == ["ACCEPTED"]
+
+
+class FlakyRuns(RunStore):
+    """Fails the first checkpoint write the way a dropped connection does."""
+
+    failures = 1
+
+    async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        await super().checkpoint(lease, entry)
+
+
+async def test_a_store_failure_at_checkpoint_hands_the_job_back(pool: Pool) -> None:
+    calls = CallLog()
+    harness = Harness(FlakyRuns(pool, lease_s=2.0), make_registry(calls), calls)
+    job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "x y"})
+    loops = harness.loops(loops=1)
+    loops.start()
+    try:
+        job = await harness.wait_status(job_id, "COMPLETED", "FAILED", "DEAD")
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.status == "COMPLETED"
+    # The failed attempt was given back: the run that completed is attempt 1.
+    assert job.attempt == 1
+    assert loops.stats.handed_back == 1 and loops.stats.store_errors == 1
+    assert calls[TOKENIZE] == 2  # tokenize ran again: its checkpoint never landed
+
+
+async def test_stop_waits_for_a_short_segment(harness: Harness) -> None:
+    job_id = await harness.submit(
+        envelope(name="auto", review="invoke"), {"text": "quick", "delay_ms": 300}
+    )
+    loops = harness.loops(loops=1)
+    loops.start()
+    await harness.wait_status(job_id, "RUNNING")
+    await loops.stop(grace_s=5)
+    assert (await harness.runs.get(job_id)).status == "COMPLETED"
+
+
+async def test_stop_hands_back_a_segment_that_outlives_the_grace(harness: Harness) -> None:
+    job_id = await harness.submit(
+        envelope(name="auto", review="invoke"), {"text": "slow", "delay_ms": 10_000}
+    )
+    loops = harness.loops(loops=2)
+    loops.start()
+    await harness.wait_status(job_id, "RUNNING")
+    started = time.monotonic()
+    await loops.stop(grace_s=0.3)
+    assert time.monotonic() - started < 3
+    job = await harness.runs.get(job_id)
+    assert job.status == "QUEUED"
+    assert job.attempt == 0 and job.lease_owner is None
+    assert loops.stats.handed_back == 1
+
+
+async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
+    job_id = await harness.submit(
+        envelope(name="auto", review="invoke"), {"text": "x", "embed_fail": "RETRYABLE"}
+    )
+    loops = harness.loops(loops=1)
+    loops.start()
+    try:
+        job = await harness.wait_status(job_id, "DEAD")
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.error == "step 'embed': test fault RETRYABLE"
+    assert job.attempt == 3
+    assert harness.calls[TOKENIZE] == 1 and harness.calls[EMBED] == 3
+    assert loops.stats.retried == 2 and loops.stats.dead == 1
+
+
+async def test_notify_wakes_an_idle_claimer_before_its_poll(harness: Harness, dsn: str) -> None:
+    listener = Listener(dsn, JOBS_QUEUED_CHANNEL)
+    listener.start()
+    loops = harness.loops(loops=1, poll_interval_s=30.0, wake=listener.subscribe())
+    loops.start()
+    try:
+        await asyncio.sleep(0.5)  # the claimer has found nothing and is waiting
+        job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "now"})
+        started = time.monotonic()
+        await harness.wait_status(job_id, "COMPLETED", timeout_s=5)
+        assert time.monotonic() - started < 5
+        assert listener.notifications >= 1
+    finally:
+        await loops.stop(grace_s=1)
+        await listener.stop()
+
+
+async def test_the_sweeper_requeues_an_expired_lease(harness: Harness, pool: Pool) -> None:
+    job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "x"})
+    claimed = await harness.runs.claim("gone-worker")
+    assert claimed is not None
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second' WHERE job_id = %s",
+            (job_id,),
+        )
+    sweeper = Sweeper(harness.runs, interval_s=0.05)
+    sweeper.start()
+    try:
+        job = await harness.wait_status(job_id, "QUEUED")
+    finally:
+        await sweeper.stop()
+    assert sweeper.requeued == 1
+    assert job.error is not None and "gone-worker" in job.error

@@ -1,0 +1,148 @@
+"""The request agent's decisions, in-process on a real Postgres (Kafka-free).
+
+The Faust agent around ``RequestHandler`` only feeds it messages and acks them;
+the end-to-end tests run it against a real broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from schemas.contract import WorkflowRunRequest
+from schemas.serde import RequestDecoder
+from store.runs import RunStore
+from streams.request_agent import RequestHandler, handle_until_done
+from streams.runtime import Runtime
+from streams.settings import Settings
+from tests.workflows_fixtures import envelope, make_registry
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, bytes | None, str]] = []
+
+    async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
+        self.sent.append((key, value, reason))
+
+
+@pytest.fixture
+async def runtime(dsn: str) -> AsyncIterator[Runtime]:
+    settings = Settings.from_env(
+        {"DATABASE_URL": dsn, "WFJOBS_ROLES": "api", "WFJOBS_WORKER_ID": "agent-test"}
+    )
+    started = Runtime(settings, registry=make_registry())
+    await started.start()
+    await started.require_definitions().put("stored", envelope(name="stored"))
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
+def request(job_id: str, name: str = "stored", **input: Any) -> bytes:
+    message = WorkflowRunRequest(job_id=job_id, workflow_name=name)
+    message.input.update(input or {"text": "hello"})
+    return message.SerializeToString()
+
+
+@pytest.fixture
+def letters() -> Letters:
+    return Letters()
+
+
+@pytest.fixture
+def handler(runtime: Runtime, letters: Letters) -> RequestHandler:
+    return RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
+
+
+async def test_a_valid_request_is_submitted_once(handler: RequestHandler, runtime: Runtime) -> None:
+    job_id = str(uuid.uuid4())
+    first = await handler.handle(job_id.encode(), request(job_id))
+    assert first.kind == "submitted"
+    again = await handler.handle(job_id.encode(), request(job_id))
+    assert again.kind == "existing"
+    job = await runtime.require_runs().get(job_id)
+    assert job.status == "QUEUED" and job.workflow_name == "stored"
+
+
+async def test_undecodable_and_invalid_requests_become_dead_letters(
+    handler: RequestHandler, letters: Letters
+) -> None:
+    garbage = b"\xff\xfe definitely not protobuf"
+    assert (await handler.handle(b"k1", garbage)).kind == "dead_lettered"
+    assert (await handler.handle(b"k2", request("42"))).kind == "dead_lettered"
+    assert (await handler.handle(b"k3", request(str(uuid.uuid4()), name=""))).kind == (
+        "dead_lettered"
+    )
+    assert (await handler.handle(b"k4", None)).kind == "dead_lettered"
+    keys = [key for key, _, _ in letters.sent]
+    assert keys == [b"k1", b"k2", b"k3", b"k4"]
+    assert letters.sent[0][1] == garbage
+    reasons = [reason for _, _, reason in letters.sent]
+    assert "WorkflowRunRequest" in reasons[0]
+    assert reasons[1] == "job_id: must be a valid UUID"
+    assert "workflow_name" in reasons[2]
+    assert "tombstone" in reasons[3]
+
+
+async def test_unknown_workflows_and_bad_input_are_failed_jobs(
+    handler: RequestHandler, runtime: Runtime, letters: Letters
+) -> None:
+    runs: RunStore = runtime.require_runs()
+    unknown = str(uuid.uuid4())
+    outcome = await handler.handle(None, request(unknown, name="missing"))
+    assert outcome.kind == "failed"
+    job = await runs.get(unknown)
+    assert job.status == "FAILED"
+    assert job.error == "unknown workflow 'missing': no stored definition"
+
+    malformed = str(uuid.uuid4())
+    assert (await handler.handle(None, request(malformed, name="has space"))).kind == "failed"
+    assert "malformed" in ((await runs.get(malformed)).error or "")
+
+    bad_input = str(uuid.uuid4())
+    outcome = await handler.handle(None, request(bad_input, txt="typo"))
+    assert outcome.kind == "failed"
+    error = (await runs.get(bad_input)).error or ""
+    assert "txt" in error
+    assert letters.sent == []
+
+
+async def test_a_store_outage_is_waited_out_not_skipped(
+    handler: RequestHandler, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = runtime.require_runs()
+    real_submit = runs.submit
+    failures = {"left": 3}
+
+    async def flaky_submit(**kwargs: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise psycopg.OperationalError("connection refused")
+        return await real_submit(**kwargs)
+
+    monkeypatch.setattr(runs, "submit", flaky_submit)
+    job_id = str(uuid.uuid4())
+    outcome = await handle_until_done(handler, None, request(job_id), base_s=0.01, cap_s=0.05)
+    assert outcome.kind == "submitted"
+    assert failures["left"] == 0
+    assert (await runs.get(job_id)).status == "QUEUED"
+
+
+async def test_a_persistent_defect_dead_letters_the_message(
+    handler: RequestHandler, letters: Letters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(key: bytes | None, value: bytes | None) -> Any:
+        raise TypeError("a bug, not an outage")
+
+    monkeypatch.setattr(handler, "handle", broken)
+    outcome = await handle_until_done(handler, b"k", b"v", base_s=0.01, cap_s=0.02)
+    assert outcome.kind == "dead_lettered"
+    assert letters.sent == [
+        (b"k", b"v", "internal error while handling the request: TypeError: a bug, not an outage")
+    ]

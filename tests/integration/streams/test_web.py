@@ -1,0 +1,413 @@
+"""The verbs over HTTP, in-process, against a real Postgres: statuses, bodies, messages."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from store.runs import RunStore
+from streams.runtime import Runtime
+from tests.integration.streams.conftest import serve
+from tests.workflows_fixtures import envelope, tokenize_ids
+
+pytestmark = pytest.mark.asyncio
+
+WORKFLOW = envelope(name="web-review")
+
+
+async def _json(response: Any) -> dict[str, Any]:
+    body: dict[str, Any] = await response.json()
+    return body
+
+
+async def _error(response: Any, status: int, code: str) -> str:
+    body = await _json(response)
+    assert response.status == status, body
+    assert body["code"] == code, body
+    assert set(body) == {"code", "message"}
+    message: str = body["message"]
+    return message
+
+
+# ---------------------------------------------------------------------- no store
+
+
+async def test_every_verb_answers_503_without_a_store() -> None:
+    job = str(uuid.uuid4())
+    async with serve({}) as (client, _):
+        calls = [
+            client.post("/v1/workflow-runs", json={"workflow_name": "x"}),
+            client.get(f"/v1/workflow-runs/{job}"),
+            client.get("/v1/workflow-runs"),
+            client.post(
+                f"/v1/workflow-runs/{job}/steps/review:complete", json={"response": {"a": 1}}
+            ),
+            client.put("/v1/workflows/x", json={"workflow": {"name": "x"}}),
+            client.get("/v1/workflows/x"),
+            client.get("/v1/workflows"),
+        ]
+        for call in calls:
+            response = await call
+            message = await _error(response, 503, "UNAVAILABLE")
+            assert "DATABASE_URL" in message
+        health = await client.get("/healthz")
+        assert health.status == 200
+        assert (await _json(health))["store"] == "not configured"
+
+
+async def test_an_unreachable_store_answers_503(dsn: str) -> None:
+    missing = dsn.rsplit("/", 1)[0] + "/no_such_database"
+    async with serve({"DATABASE_URL": missing, "WFJOBS_POOL_TIMEOUT_S": "0.5"}) as (client, _):
+        message = await _error(
+            await client.get(f"/v1/workflow-runs/{uuid.uuid4()}"), 503, "UNAVAILABLE"
+        )
+        assert message.startswith("the store is unreachable")
+        health = await client.get("/healthz")
+        assert health.status == 503
+        body = await _json(health)
+        assert body["status"] == "degraded" and body["store"].startswith("unreachable")
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        message = await _error(await client.get("/v1/workflows/bad name!"), 400, "INVALID_ARGUMENT")
+        assert "'bad name!' is malformed" in message
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"workflow_name": "no spaces"}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "malformed" in message
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"limit": "-5"}), 400, "INVALID_ARGUMENT"
+        )
+        assert message == "limit must not be negative, got -5"
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"limit": "ten"}), 400, "INVALID_ARGUMENT"
+        )
+        assert message == "limit must be an integer, got 'ten'"
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"status": "SLEEPING"}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "unknown status 'SLEEPING'" in message and "QUEUED" in message
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"colour": "red"}), 400, "INVALID_ARGUMENT"
+        )
+        assert "colour" in message
+
+        message = await _error(
+            await client.get("/v1/workflow-runs", params={"page_token": "nonsense"}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "page_token" in message
+
+        message = await _error(await client.get("/v1/workflow-runs/12345"), 400, "INVALID_ARGUMENT")
+        assert message == "job_id must be a UUID, got '12345'"
+
+        message = await _error(
+            await client.post(
+                "/v1/workflow-runs/12345/steps/review:complete", json={"response": {}}
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "UUID" in message
+
+        message = await _error(
+            await client.post(
+                "/v1/workflow-runs", data=b"{not json", headers={"Content-Type": "application/json"}
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "not valid JSON" in message
+
+        message = await _error(
+            await client.post("/v1/workflow-runs", json=["a", "list"]), 400, "INVALID_ARGUMENT"
+        )
+        assert "JSON object" in message
+
+        # Neither and both definition sources break the message's CEL rule.
+        for body in ({}, {"workflow": WORKFLOW, "workflow_name": "web-review"}):
+            message = await _error(
+                await client.post("/v1/workflow-runs", json=body), 400, "INVALID_ARGUMENT"
+            )
+            assert "exactly one definition source" in message
+
+        message = await _error(
+            await client.post("/v1/workflow-runs", json={"workflow_name": "x", "colour": 1}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "colour" in message
+
+        message = await _error(
+            await client.post(
+                "/v1/workflow-runs", json={"workflow_name": "x", "job_id": "not-a-uuid"}
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "job_id" in message
+
+        message = await _error(
+            await client.post(
+                "/v1/workflow-runs", json={"workflow": WORKFLOW, "input": {"txt": "typo"}}
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "txt" in message
+
+        broken = {**WORKFLOW, "steps": [{**WORKFLOW["steps"][0], "method": "jobs.test.Nope/Nope"}]}
+        message = await _error(
+            await client.put("/v1/workflows/web-review", json={"workflow": broken}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "Nope" in message
+
+        message = await _error(
+            await client.put("/v1/workflows/other-name", json={"workflow": WORKFLOW}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "'web-review'" in message and "'other-name'" in message
+
+        message = await _error(
+            await client.put("/v1/workflows/web-review", json=WORKFLOW), 400, "INVALID_ARGUMENT"
+        )
+        assert "PutWorkflowRequest" in message
+
+
+async def test_unknown_routes_and_methods_answer_error_bodies(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        await _error(await client.get("/v1/nothing-here"), 404, "NOT_FOUND")
+        await _error(await client.delete("/v1/workflows"), 405, "INVALID_ARGUMENT")
+
+
+async def test_bodies_above_the_limit_are_refused_with_413(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_MAX_BODY_BYTES": "2048"}) as (client, _):
+        big = {"workflow_name": "web-review", "input": {"text": "x" * 5000}}
+        message = await _error(
+            await client.post("/v1/workflow-runs", json=big), 413, "PAYLOAD_TOO_LARGE"
+        )
+        assert "2048" in message
+
+        async def chunks() -> Any:
+            for _ in range(10):
+                yield b" " * 1000
+
+        # No Content-Length: counted while it streams.
+        message = await _error(
+            await client.put("/v1/workflows/web-review", data=chunks()), 413, "PAYLOAD_TOO_LARGE"
+        )
+        assert "2048" in message
+
+        small = await client.post("/v1/workflow-runs", json={"workflow_name": "web-review"})
+        await _error(small, 404, "NOT_FOUND")
+
+
+# ---------------------------------------------------------------------- happy paths
+
+
+async def _put(client: TestClient[Any, Any], workflow: dict[str, Any] = WORKFLOW) -> None:
+    response = await client.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
+    assert response.status == 200, await response.text()
+
+
+async def test_stored_workflows_put_get_list(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        await _error(await client.get("/v1/workflows/web-review"), 404, "NOT_FOUND")
+        await _put(client)
+        stored = (await _json(await client.get("/v1/workflows/web-review")))["workflow"]
+        assert stored["name"] == "web-review"
+        assert stored["definition"] == WORKFLOW
+        listed = await _json(await client.get("/v1/workflows"))
+        assert [item["name"] for item in listed["workflows"]] == ["web-review"]
+
+
+async def test_submit_get_and_list_jobs(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        await _put(client)
+        job_id = str(uuid.uuid4())
+        body = {"job_id": job_id, "workflow_name": "web-review", "input": {"text": "a b"}}
+        first = await client.post("/v1/workflow-runs", json=body)
+        assert first.status == 201, await first.text()
+        created = await _json(first)
+        assert created["created"] is True
+        assert created["job"]["status"] == "QUEUED"
+        assert created["job"]["input"]["text"] == "a b"
+        assert created["job"]["max_attempts"] == 3
+
+        again = await client.post("/v1/workflow-runs", json=body)
+        assert again.status == 200
+        assert "created" not in await _json(again)  # false is the proto3 default
+
+        inline = await client.post(
+            "/v1/workflow-runs",
+            json={
+                "workflow": envelope(name="inline-one"),
+                "input": {"text": "c"},
+                "max_attempts": 5,
+            },
+        )
+        assert inline.status == 201, await inline.text()
+        inline_job = (await _json(inline))["job"]
+        assert inline_job["workflow_name"] == "inline-one"
+        assert inline_job["max_attempts"] == 5
+        uuid.UUID(inline_job["job_id"])  # the server made one
+
+        got = await _json(await client.get(f"/v1/workflow-runs/{job_id}"))
+        assert got["job"]["job_id"] == job_id
+        await _error(await client.get(f"/v1/workflow-runs/{uuid.uuid4()}"), 404, "NOT_FOUND")
+
+        newest = await _json(await client.get("/v1/workflow-runs", params={"limit": "1"}))
+        assert [job["job_id"] for job in newest["jobs"]] == [inline_job["job_id"]]
+        rest = await _json(
+            await client.get(
+                "/v1/workflow-runs", params={"limit": "1", "page_token": newest["next_page_token"]}
+            )
+        )
+        assert [job["job_id"] for job in rest["jobs"]] == [job_id]
+        assert "next_page_token" not in rest
+
+        by_name = await _json(
+            await client.get("/v1/workflow-runs", params={"workflow_name": "inline-one"})
+        )
+        assert [job["workflow_name"] for job in by_name["jobs"]] == ["inline-one"]
+        by_status = await _json(await client.get("/v1/workflow-runs", params={"status": "WAITING"}))
+        assert by_status == {}
+
+
+async def _parked_job(client: TestClient[Any, Any], runtime: Runtime, text: str) -> str:
+    """A job WAITING on its review step, driven through the store as a worker would."""
+    response = await client.post(
+        "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": text}}
+    )
+    job_id: str = (await _json(response))["job"]["job_id"]
+    runs: RunStore = runtime.require_runs()
+    claimed = await runs.claim("web-test")
+    assert claimed is not None and str(claimed.job_id) == job_id
+    ids = tokenize_ids(text)
+    await runs.checkpoint(
+        claimed.lease,
+        {"name": "tokenize", "skipped": False, "response": {"ids": ids, "count": len(ids)}},
+    )
+    await runs.checkpoint(
+        claimed.lease,
+        {
+            "name": "embed",
+            "skipped": False,
+            "response": {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4},
+        },
+    )
+    await runs.park(claimed.lease, "review")
+    return job_id
+
+
+async def test_complete_step_outcomes(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await _put(client)
+        job_id = await _parked_job(client, runtime, "looks fine")
+        path = f"/v1/workflow-runs/{job_id}/steps/review:complete"
+
+        message = await _error(
+            await client.post(path, json={"response": {"approved": "yes please"}}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "approved" in message
+        await _error(await client.post(path, json={}), 400, "INVALID_ARGUMENT")
+        message = await _error(
+            await client.post(path, json={"step_name": "embed", "response": {}}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert "differs" in message
+
+        wrong = f"/v1/workflow-runs/{job_id}/steps/publish:complete"
+        message = await _error(
+            await client.post(wrong, json={"response": {"approved": True}}), 409, "WRONG_STATE"
+        )
+        assert "WAITING on step 'review'" in message
+
+        done = await client.post(path, json={"response": {"approved": True, "reviewer": "ada"}})
+        assert done.status == 200, await done.text()
+        body = await _json(done)
+        assert body["outcome"] == "COMPLETED"
+        assert body["job"]["status"] == "QUEUED"
+        assert [c["name"] for c in body["job"]["checkpoints"]] == ["tokenize", "embed", "review"]
+        # Checkpointed as the engine normalized it (proto3 JSON with defaults).
+        assert body["job"]["checkpoints"][2]["response"] == {
+            "approved": True,
+            "reviewer": "ada",
+            "note": "",
+        }
+
+        twice = await _json(await client.post(path, json={"response": {"approved": True}}))
+        assert twice["outcome"] == "ALREADY_DONE"
+
+        # A queued job is in the wrong state for any step it has not done.
+        other = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": "q"}}
+        )
+        other_id = (await _json(other))["job"]["job_id"]
+        message = await _error(
+            await client.post(
+                f"/v1/workflow-runs/{other_id}/steps/review:complete",
+                json={"response": {"approved": True}},
+            ),
+            409,
+            "WRONG_STATE",
+        )
+        assert "QUEUED" in message
+
+        await _error(
+            await client.post(
+                f"/v1/workflow-runs/{uuid.uuid4()}/steps/review:complete",
+                json={"response": {"approved": True}},
+            ),
+            404,
+            "NOT_FOUND",
+        )
+
+
+async def test_a_rejected_response_fails_the_job_and_answers_200(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await _put(client)
+        job_id = await _parked_job(client, runtime, "needs a second look")
+        response = await client.post(
+            f"/v1/workflow-runs/{job_id}/steps/review:complete",
+            json={"response": {"approved": False, "note": "no"}},
+        )
+        assert response.status == 200, await response.text()
+        body = await _json(response)
+        assert body["outcome"] == "REJECTED"
+        assert body["job"]["status"] == "FAILED"
+        assert "response.approved" in body["job"]["verdict"]
+
+
+async def test_health_reports_the_store(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        health = await _json(await client.get("/healthz"))
+        assert health == {
+            "status": "ok",
+            "worker_id": "web-test",
+            "roles": ["api"],
+            "store": "ok",
+        }

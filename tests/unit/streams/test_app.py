@@ -1,0 +1,107 @@
+"""The app's wiring by role, and the refusals that happen before anything connects."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.app import create_app
+from streams.runtime import Runtime
+from streams.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+FAUST = Path(sys.executable).with_name("faust")
+
+
+def _routes(app: Any) -> set[str]:
+    return {resource.canonical for resource in app.web.web_app.router.resources()}
+
+
+def _agents(app: Any) -> list[str]:
+    return [agent.name for agent in app.agents.values()]
+
+
+def test_roles_decide_what_is_mounted() -> None:
+    api_only = create_app(Settings.from_env({"WFJOBS_ROLES": "api", "WFJOBS_GROUP": "g1"}))
+    routes = _routes(api_only)
+    assert {
+        "/healthz",
+        "/v1/workflow-runs",
+        "/v1/workflow-runs/{job_id}",
+        "/v1/workflow-runs/{job_id}/steps/{step_name}:complete",
+        "/v1/workflows",
+        "/v1/workflows/{name}",
+    } <= routes
+    assert _agents(api_only) == []
+
+    worker_only = create_app(Settings.from_env({"WFJOBS_ROLES": "worker", "WFJOBS_GROUP": "g2"}))
+    assert "/healthz" in _routes(worker_only)
+    assert not any(route.startswith("/v1/") for route in _routes(worker_only))
+    assert _agents(worker_only) == ["workflow-run-requests"]
+
+
+def test_the_app_is_configured_from_settings() -> None:
+    settings = Settings.from_env(
+        {
+            "WFJOBS_GROUP": "my-group",
+            "KAFKA_BOOTSTRAP_SERVERS": "k1:1,k2:2",
+            "WFJOBS_WEB_PORT": "7001",
+            "WFJOBS_WEB_HOST": "0.0.0.0",
+        }
+    )
+    runtime = Runtime(settings)
+    app: Any = create_app(settings, runtime=runtime)
+    assert app.conf.id == "my-group"
+    assert [str(url) for url in app.conf.broker] == ["kafka://k1:1", "kafka://k2:2"]
+    assert app.conf.web_port == 7001
+    assert app.conf.web_bind == "0.0.0.0"
+    assert app.conf.topic_disable_leader is True
+    assert str(app.conf.store) == "memory:"
+    assert app.wfjobs_runtime is runtime
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("WFJOBS_", "F_")) and key not in {"DATABASE_URL"}
+    }
+    # Nothing listens here: the worker must refuse before it tries to connect.
+    env["KAFKA_BOOTSTRAP_SERVERS"] = "127.0.0.1:1"
+    env.update(extra)
+    return env
+
+
+def _worker(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(FAUST), "-A", "streams.app", "worker"],
+        env={**env, "WFJOBS_DATA_DIR": str(tmp_path / "data")},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "WFJOBS_WORKER_ID is required"),
+        ({"WFJOBS_WORKER_ID": "  "}, "WFJOBS_WORKER_ID is required"),
+        (
+            {"WFJOBS_WORKER_ID": "w1", "WFJOBS_HANDLERS": "no_such_module_here"},
+            "handler module 'no_such_module_here' cannot be imported",
+        ),
+        ({"WFJOBS_CLAIM_LOOPS": "lots"}, "WFJOBS_CLAIM_LOOPS must be an integer"),
+    ],
+)
+def test_the_worker_refuses_to_start(env: dict[str, str], expected: str, tmp_path: Path) -> None:
+    result = _worker(_clean_env(**env), tmp_path)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr

@@ -1,0 +1,62 @@
+"""The settings object: defaults, parsing, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.settings import Settings, SettingsError
+
+
+def test_defaults() -> None:
+    settings = Settings.from_env({})
+    assert settings.roles == {"api", "worker", "relay"}
+    assert settings.auto_migrate is False
+    assert settings.max_concurrent_per_target == 8
+    assert settings.dlq_topic == "workflow-run-requests.dlq"
+    assert settings.broker_url == "kafka://127.0.0.1:9092"
+    assert settings.store_configured is False
+    assert settings.effective_heartbeat_s == pytest.approx(100.0)
+
+
+def test_values_are_parsed() -> None:
+    settings = Settings.from_env(
+        {
+            "WFJOBS_ROLES": "api, worker",
+            "WFJOBS_AUTO_MIGRATE": "true",
+            "WFJOBS_CLAIM_LOOPS": "16",
+            "WFJOBS_LEASE_S": "3",
+            "WFJOBS_HANDLERS": "a.b, c.d",
+            "WFJOBS_REQUESTS_TOPIC": "in",
+            "KAFKA_BOOTSTRAP_SERVERS": "k1:9092,k2:9092",
+        }
+    )
+    assert settings.roles == {"api", "worker"}
+    assert settings.auto_migrate is True
+    assert settings.claim_loops == 16
+    assert settings.effective_heartbeat_s == pytest.approx(1.0)
+    assert settings.handler_modules == ("a.b", "c.d")
+    assert settings.dlq_topic == "in.dlq"
+    assert settings.broker_url == "kafka://k1:9092;kafka://k2:9092"
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"WFJOBS_CLAIM_LOOPS": "many"}, "WFJOBS_CLAIM_LOOPS must be an integer, got 'many'"),
+        ({"WFJOBS_AUTO_MIGRATE": "sure"}, "WFJOBS_AUTO_MIGRATE must be boolean"),
+        ({"WFJOBS_LEASE_S": "0"}, "WFJOBS_LEASE_S must be positive"),
+        ({"WFJOBS_ROLES": "api,cook"}, "WFJOBS_ROLES must be a comma-separated subset"),
+        ({"WFJOBS_WEB_PORT": "70000"}, "WFJOBS_WEB_PORT must be a TCP port"),
+        ({"WFJOBS_SHUTDOWN_GRACE_S": "-1"}, "WFJOBS_SHUTDOWN_GRACE_S must be positive"),
+        ({"WFJOBS_HEARTBEAT_S": "400"}, "WFJOBS_HEARTBEAT_S must be >= 0 and below"),
+    ],
+)
+def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None:
+    with pytest.raises(SettingsError, match=names):
+        Settings.from_env(env)
+
+
+def test_the_worker_id_is_required_and_not_blank() -> None:
+    with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
+        Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()
+    assert Settings.from_env({"WFJOBS_WORKER_ID": " w7 "}).require_worker_id() == "w7"

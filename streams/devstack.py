@@ -1,0 +1,357 @@
+"""The embedded stack behind ``wfjobs dev`` / ``make dev``, and the worker process helper.
+
+Embedded Postgres and the Tansu broker (see :mod:`streams.services`), migrations,
+the topics, one worker process with every role running the sample handlers, and
+the sample workflow stored through the worker's own HTTP API. Every process is a
+child we started and stop by its pid.
+
+:class:`WorkerProcess` is also what the smoke test and the benchmark use to run
+``faust -A streams.app worker`` against services they started themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from rich.console import Console
+from rich.markup import escape
+
+from streams.services import (
+    LOOPBACK,
+    ManagedProcess,
+    PostgresService,
+    ServiceError,
+    TansuService,
+    free_port,
+    log_tail,
+)
+
+SAMPLE_HANDLERS = "workflows.samples.handlers"
+DEFAULT_TOPICS = ("workflow-run-requests", "workflow-run-events", "workflow-run-requests.dlq")
+
+# Variables a worker reads; an inherited one must not leak into a child we configure.
+_OWN_PREFIXES = ("WFJOBS_",)
+_OWN_NAMES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
+
+
+def worker_environment(
+    *,
+    database_url: str,
+    bootstrap_servers: str,
+    worker_id: str,
+    web_port: int,
+    data_dir: Path,
+    handlers: Sequence[str] = (SAMPLE_HANDLERS,),
+    roles: str = "api,worker,relay",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a worker process: ours, on top of a cleaned copy of this one."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_OWN_PREFIXES) and key not in _OWN_NAMES
+    }
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+            "WFJOBS_WORKER_ID": worker_id,
+            "WFJOBS_ROLES": roles,
+            "WFJOBS_HANDLERS": ",".join(handlers),
+            "WFJOBS_WEB_HOST": LOOPBACK,
+            "WFJOBS_WEB_PORT": str(web_port),
+            "WFJOBS_DATA_DIR": str(data_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def _faust_executable() -> str:
+    # The console script next to this interpreter: the same venv, whatever PATH says.
+    beside = Path(sys.executable).parent / "faust"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("faust")
+    if found is None:
+        raise ServiceError("the `faust` command is not installed next to this Python")
+    return found
+
+
+class WorkerProcess:
+    """One ``faust -A streams.app worker`` child process, ready once ``/healthz`` answers."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        workdir: Path,
+        name: str = "worker",
+        loglevel: str = "info",
+    ) -> None:
+        self._env = dict(env)
+        self._workdir = workdir
+        self.name = name
+        self._loglevel = loglevel
+        self._process: ManagedProcess | None = None
+        self.web_port = int(self._env["WFJOBS_WEB_PORT"])
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.web_port}"
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise ServiceError(f"{self.name} is not started")
+        return self._process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self._workdir / f"{self.name}.log"
+
+    def exit_code(self) -> int | None:
+        return None if self._process is None else self._process.exit_code()
+
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        Path(self._env["WFJOBS_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+        argv = [_faust_executable(), "-A", "streams.app", "worker", "--loglevel", self._loglevel]
+        self._process = ManagedProcess(
+            self.name, argv, log_path=self.log_path, env=self._env, cwd=self._workdir
+        )
+        self.wait_healthy(timeout_s=timeout_s)
+
+    def wait_healthy(self, *, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.exit_code()
+            if code is not None:
+                raise ServiceError(
+                    f"{self.name} exited with code {code} while starting; "
+                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            if self.healthy():
+                return
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"{self.name} did not answer {self.url}/healthz within {timeout_s:.0f}s; "
+                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:
+                body = json.loads(response.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        return isinstance(body, dict) and body.get("status") == "ok"
+
+    def stop(self, *, timeout_s: float = 30.0) -> None:
+        """SIGTERM (Faust's clean shutdown), SIGKILL after ``timeout_s``; idempotent."""
+        if self._process is not None:
+            self._process.stop(timeout_s=timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL now: the crash a lease exists for."""
+        if self._process is not None and self._process.exit_code() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signal.SIGKILL)
+            self._process.stop(timeout_s=5.0)
+
+
+def ensure_topics(bootstrap_servers: str, topics: Iterable[str], *, partitions: int = 3) -> None:
+    """Create the topics that do not exist yet; existing ones are left as they are."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    wanted = [NewTopic(topic, partitions, 1) for topic in topics]
+    for topic, future in admin.create_topics(wanted, operation_timeout=30).items():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if getattr(error, "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
+                raise ServiceError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def _put_workflow(url: str, definition: Mapping[str, Any]) -> None:
+    from streams.cli import Api
+
+    name = str(definition["name"])
+    Api(url).call("PUT", f"/v1/workflows/{name}", {"workflow": dict(definition)})
+
+
+class DevStack:
+    """Embedded Postgres + Tansu + one all-roles worker + the sample workflow."""
+
+    def __init__(
+        self,
+        *,
+        web_port: int = 6066,
+        workdir: Path | None = None,
+        handlers: Sequence[str] = (SAMPLE_HANDLERS,),
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._requested_port = web_port
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="wfjobs-dev-"))
+        self._handlers = tuple(handlers)
+        self._worker_env = dict(worker_env or {})
+        self.postgres = PostgresService("")  # always embedded, whatever DATABASE_URL says
+        self.tansu = TansuService()
+        self.database_url = ""
+        self.worker: WorkerProcess | None = None
+        self.port_was_taken = False
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.tansu.bootstrap_servers
+
+    @property
+    def url(self) -> str:
+        if self.worker is None:
+            raise ServiceError("the dev stack is not started")
+        return self.worker.url
+
+    def start(self) -> None:
+        from store.migrate import migrate
+        from workflows.samples import sample_workflow
+
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.postgres.start()
+            self.database_url = self.postgres.create_database("wfjobs_dev")
+            asyncio.run(migrate(self.database_url))
+            self.tansu.start()
+            ensure_topics(self.bootstrap_servers, DEFAULT_TOPICS)
+            port = self._requested_port
+            if not _port_free(port):
+                port, self.port_was_taken = free_port(), True
+            env = worker_environment(
+                database_url=self.database_url,
+                bootstrap_servers=self.bootstrap_servers,
+                worker_id="dev-worker-1",
+                web_port=port,
+                data_dir=self.workdir / "faust-data",
+                handlers=self._handlers,
+                extra=self._worker_env,
+            )
+            self.worker = WorkerProcess(env, workdir=self.workdir)
+            self.worker.start()
+            _put_workflow(self.worker.url, sample_workflow())
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        # Worker first: it holds connections to both services.
+        if self.worker is not None:
+            self.worker.stop()
+        self.tansu.stop()
+        self.postgres.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> DevStack:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def next_steps(stack: DevStack) -> str:
+    from workflows.samples import SAMPLE_INPUT, SAMPLE_REVIEW, SAMPLE_WORKFLOW_NAME
+
+    assert stack.worker is not None
+    sample_input = json.dumps(SAMPLE_INPUT)
+    review = json.dumps(SAMPLE_REVIEW)
+    return f"""[bold green]workflow-jobs dev stack is up[/]
+
+  API        {stack.url}
+  Postgres   {escape(stack.database_url)}
+  Kafka      {stack.bootstrap_servers} (Tansu, in memory)
+  worker     pid {stack.worker.pid}, log {stack.worker.log_path}
+  workflow   [bold]{SAMPLE_WORKFLOW_NAME}[/]: tokenize -> embed -> review (external)
+
+[bold]In another terminal:[/]
+
+  export WFJOBS_URL={stack.url}
+  export KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap_servers}
+  export DATABASE_URL={escape(stack.database_url)}
+
+  wfjobs submit --workflow-name {SAMPLE_WORKFLOW_NAME} --input '{sample_input}'
+  wfjobs get JOB_ID              [dim]# WAITING on step review[/]
+  wfjobs complete JOB_ID review --response '{review}'
+  wfjobs get JOB_ID              [dim]# COMPLETED, with its verdict[/]
+  wfjobs events --from-beginning [dim]# every commit point, from Kafka[/]
+
+Ctrl-C stops the worker, Tansu and Postgres."""
+
+
+def run_dev_stack(
+    *, web_port: int = 6066, workdir: Path | None = None, console: Console | None = None
+) -> int:
+    """``wfjobs dev``: start everything, print what to do next, run until Ctrl-C."""
+    console = console or Console()
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stack = DevStack(web_port=web_port, workdir=workdir)
+    try:
+        with console.status("starting Postgres, Tansu and a worker..."):
+            stack.start()
+        if stack.port_was_taken:
+            console.print(f"[yellow]port {web_port} is taken; the API is on {stack.url}[/]")
+        console.print(next_steps(stack))
+        assert stack.worker is not None
+        while not stop.wait(0.5):
+            code = stack.worker.exit_code()
+            if code is not None:
+                console.print(
+                    f"[red]the worker exited with code {code}[/]; log {stack.worker.log_path}:\n"
+                    + escape(log_tail(stack.worker.log_path))
+                )
+                return 1
+        console.print("stopping...")
+        return 0
+    except ServiceError as exc:
+        console.print(f"[red]UNAVAILABLE[/]: {escape(str(exc))}")
+        return 1
+    finally:
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
@@ -12,7 +12,19 @@ Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 DEFAULT_MIN_SIZE = 2
 DEFAULT_MAX_SIZE = 10
+DEFAULT_TIMEOUT_S = 30.0
 APPLICATION_NAME = "workflow-jobs"
+
+
+class PoolOptions(TypedDict, total=False):
+    """The knobs ``create_pool`` and ``open_pool`` share; each has a default."""
+
+    min_size: int  # DEFAULT_MIN_SIZE
+    max_size: int  # DEFAULT_MAX_SIZE
+    # How long to wait for a free connection, and for open_pool's first ones.
+    timeout_s: float  # DEFAULT_TIMEOUT_S
+    # Shown in pg_stat_activity, so a busy database can tell its clients apart.
+    application_name: str  # APPLICATION_NAME
 
 
 def connection_kwargs(application_name: str = APPLICATION_NAME) -> dict[str, Any]:
@@ -21,15 +33,11 @@ def connection_kwargs(application_name: str = APPLICATION_NAME) -> dict[str, Any
     return {"autocommit": True, "application_name": application_name}
 
 
-def create_pool(
-    dsn: str,
-    *,
-    min_size: int = DEFAULT_MIN_SIZE,
-    max_size: int = DEFAULT_MAX_SIZE,
-    timeout_s: float = 30.0,
-    application_name: str = APPLICATION_NAME,
-) -> Pool:
+def create_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
     """A pool that is not open yet: ``await pool.open(wait=True)``, or use ``open_pool``."""
+    min_size = options.get("min_size", DEFAULT_MIN_SIZE)
+    max_size = options.get("max_size", DEFAULT_MAX_SIZE)
+    application_name = options.get("application_name", APPLICATION_NAME)
     if max_size < 1 or min_size < 0 or min_size > max_size:
         raise ValueError(
             f"pool sizes must satisfy 0 <= min <= max, max >= 1; got {min_size}, {max_size}"
@@ -38,28 +46,15 @@ def create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        timeout=timeout_s,
+        timeout=options.get("timeout_s", DEFAULT_TIMEOUT_S),
         kwargs=connection_kwargs(application_name),
         name=application_name,
         open=False,
     )
 
 
-async def open_pool(
-    dsn: str,
-    *,
-    min_size: int = DEFAULT_MIN_SIZE,
-    max_size: int = DEFAULT_MAX_SIZE,
-    timeout_s: float = 30.0,
-    application_name: str = APPLICATION_NAME,
-) -> Pool:
+async def open_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
     """An open pool, with ``min_size`` connections established (fails fast if unreachable)."""
-    pool = create_pool(
-        dsn,
-        min_size=min_size,
-        max_size=max_size,
-        timeout_s=timeout_s,
-        application_name=application_name,
-    )
-    await pool.open(wait=True, timeout=timeout_s)
+    pool = create_pool(dsn, **options)
+    await pool.open(wait=True, timeout=pool.timeout)
     return pool

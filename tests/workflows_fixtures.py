@@ -247,6 +247,8 @@ class TestGrpcServer:
     def __init__(self) -> None:
         self.calls = CallLog()
         self.metadata: list[dict[str, str]] = []
+        # Per call, the seconds left before the caller's deadline (None: no deadline).
+        self.time_left: list[float | None] = []
         self.target = ""
         self._server: grpc.aio.Server | None = None
 
@@ -284,6 +286,7 @@ class TestGrpcServer:
         ) -> None:
             meta = {key: str(value) for key, value in context.invocation_metadata() or ()}
             self.metadata.append(meta)
+            self.time_left.append(context.time_remaining())
             attempt = int(meta.get("x-attempt", "1"))
             self.calls.record(method, meta.get("x-idempotency-key", ""), attempt)
             if delay_ms:

@@ -19,7 +19,6 @@ failure there is explained field by field by :func:`workflows.protojson.check`.
 from __future__ import annotations
 
 import base64
-import binascii
 import math
 from collections.abc import Callable
 from typing import Any
@@ -29,46 +28,32 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from workflows.protojson import (
+    FLOAT32_LIMIT,
     SPECIAL_JSON_TYPES,
     descriptor_of,
     enum_type_of,
     is_map,
+    message_class,
     message_type_of,
     parse,
     parse_strict,
     pool_of,
 )
-from workflows.rules import message_class
-
-_INT32_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT32,
-        FieldDescriptor.TYPE_SINT32,
-        FieldDescriptor.TYPE_SFIXED32,
-        FieldDescriptor.TYPE_UINT32,
-        FieldDescriptor.TYPE_FIXED32,
-    }
+from workflows.scalars import (
+    FLOAT_TYPES,
+    INT32_TYPES,
+    INT64_TYPES,
+    MESSAGE_TYPES,
+    Refuse,
+    is_int_text,
+    read_double,
+    read_float32,
+    read_str,
+    reader_for,
 )
-_INT64_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_SFIXED64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_FIXED64,
-    }
-)
-_FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE})
-# Doubles at or above this round to infinity as a float; anything below rounds to a finite one.
-_FLOAT32_LIMIT = 3.4028235677973366e38
-_NON_FINITE_VALUES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[Message, Any], None]
-
-
-class _Refuse(Exception):
-    """The fast path is not sure; json_format decides instead."""
 
 
 class Codecs:
@@ -130,28 +115,28 @@ class Codec:
 
     def decode(self, data: Any, label: str) -> Message:
         """Parse proto3 JSON; errors raise ``MessageError`` with field paths."""
-        message = self.message_class()
-        try:
-            self._decode_into(message, data)
-            return message
-        except Exception:  # the fast path gives up on anything unusual; json_format decides
-            return parse(data, self.message_class, label)
+        return self._decode(data, label, parse)
 
     def decode_strict(self, data: Any, label: str) -> Message:
         """Like :meth:`decode`, refusing also what ``json_format`` lets through."""
+        return self._decode(data, label, parse_strict)
+
+    def _decode(
+        self, data: Any, label: str, slow: Callable[[Any, type[Message], str], Message]
+    ) -> Message:
         message = self.message_class()
         try:
             self._decode_into(message, data)
             return message
         except Exception:  # the fast path gives up on anything unusual; json_format decides
-            return parse_strict(data, self.message_class, label)
+            return slow(data, self.message_class, label)
 
     def _decode_into(self, message: Message, data: Any) -> None:
         if self._special:
             json_format.ParseDict(data, message, descriptor_pool=pool_of(self.descriptor))
             return
         if not isinstance(data, dict):
-            raise _Refuse
+            raise Refuse
         if not self._compiled:
             self._compile()
         decoders = self._decoders
@@ -160,19 +145,19 @@ class Codec:
         for key, value in data.items():
             entry = decoders.get(key)
             if entry is None:
-                raise _Refuse
+                raise Refuse
             name, oneof, decode = entry
             if seen is not None:
                 if name in seen:
-                    raise _Refuse
+                    raise Refuse
                 seen.add(name)
             if value is None:
-                raise _Refuse  # null handling differs by type; leave it to json_format
+                raise Refuse  # null handling differs by type; leave it to json_format
             if oneof is not None:
                 if oneofs is None:
                     oneofs = {}
                 if oneof in oneofs:
-                    raise _Refuse
+                    raise Refuse
                 oneofs[oneof] = name
             decode(message, value)
 
@@ -206,7 +191,7 @@ class Codec:
         single = self._single_encoder(field)
         if not field.is_repeated:
             return single
-        if field.type in _FLOAT_TYPES:
+        if field.type in FLOAT_TYPES:
             return _encode_float_list
         if single is None:
             return list
@@ -215,14 +200,14 @@ class Codec:
 
     def _single_encoder(self, field: FieldDescriptor) -> Encode | None:
         kind = field.type
-        if kind in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+        if kind in MESSAGE_TYPES:
             sub = message_type_of(field)
             if sub.full_name in SPECIAL_JSON_TYPES:
                 return _generic_encode
             return self._codecs.of(sub).encode
-        if kind in _INT64_TYPES:
+        if kind in INT64_TYPES:
             return str
-        if kind in _FLOAT_TYPES:
+        if kind in FLOAT_TYPES:
             return _encode_float
         if kind == FieldDescriptor.TYPE_BYTES:
             return _encode_bytes
@@ -241,35 +226,35 @@ class Codec:
 
                 def decode_message_map(message: Message, value: Any) -> None:
                     if type(value) is not dict:
-                        raise _Refuse
+                        raise Refuse
                     container = getattr(message, name)
                     for key, item in value.items():
                         if item is None:
-                            raise _Refuse
+                            raise Refuse
                         fill(container[convert_key(key)], item)
 
                 return decode_message_map
-            convert_value = _scalar_decoder(value_field)
+            convert_value = reader_for(value_field)
 
             def decode_map(message: Message, value: Any) -> None:
                 if type(value) is not dict:
-                    raise _Refuse
+                    raise Refuse
                 container = getattr(message, name)
                 for key, item in value.items():
                     container[convert_key(key)] = convert_value(item)
 
             return decode_map
-        if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+        if field.type in MESSAGE_TYPES:
             fill = self._message_filler(message_type_of(field))
             if field.is_repeated:
 
                 def decode_messages(message: Message, value: Any) -> None:
                     if type(value) is not list:
-                        raise _Refuse
+                        raise Refuse
                     container = getattr(message, name)
                     for item in value:
                         if item is None:
-                            raise _Refuse
+                            raise Refuse
                         fill(container.add(), item)
 
                 return decode_messages
@@ -285,11 +270,11 @@ class Codec:
 
             def decode_list(message: Message, value: Any) -> None:
                 if type(value) is not list:
-                    raise _Refuse
+                    raise Refuse
                 getattr(message, name).extend(convert_all(value))
 
             return decode_list
-        convert = _scalar_decoder(field)
+        convert = reader_for(field)
 
         def decode_scalar(message: Message, value: Any) -> None:
             setattr(message, name, convert(value))
@@ -352,7 +337,7 @@ def _map_key_encoder(field: FieldDescriptor) -> Encode:
 def _map_key_decoder(field: FieldDescriptor) -> Callable[[Any], Any]:
     kind = field.type
     if kind == FieldDescriptor.TYPE_STRING:
-        return _decode_str
+        return read_str
     if kind == FieldDescriptor.TYPE_BOOL:
 
         def bool_key(key: Any) -> bool:
@@ -360,114 +345,26 @@ def _map_key_decoder(field: FieldDescriptor) -> Callable[[Any], Any]:
                 return True
             if key == "false":
                 return False
-            raise _Refuse
+            raise Refuse
 
         return bool_key
 
     def int_key(key: Any) -> int:
-        if type(key) is str and key.isascii() and key.lstrip("-").isdigit():
+        if is_int_text(key):
             return int(key)
-        raise _Refuse
+        raise Refuse
 
     return int_key
 
 
-def _decode_str(value: Any) -> str:
-    if type(value) is str:
-        return value
-    raise _Refuse
-
-
-def _decode_bool(value: Any) -> bool:
-    if type(value) is bool:
-        return value
-    raise _Refuse
-
-
-def _decode_int(value: Any) -> int:
-    if type(value) is int:
-        return value
-    raise _Refuse
-
-
-def _decode_int64(value: Any) -> int:
-    if type(value) is int:
-        return value
-    if type(value) is str and value.isascii() and value.lstrip("-").isdigit():
-        return int(value)
-    raise _Refuse
-
-
-def _decode_double(value: Any) -> float:
-    kind = type(value)
-    if kind is float:
-        if value != value:  # NaN must be spelled "NaN" in proto3 JSON
-            raise _Refuse
-        return float(value)
-    if kind is int:
-        return float(value)
-    if kind is str and value in _NON_FINITE_VALUES:
-        number: float = _NON_FINITE_VALUES[value]
-        return number
-    raise _Refuse
-
-
-def _decode_float32(value: Any) -> float:
-    number = _decode_double(value)
-    if math.isfinite(number) and abs(number) >= _FLOAT32_LIMIT:
-        raise _Refuse
-    return number
-
-
-def _decode_bytes(value: Any) -> bytes:
-    if type(value) is not str:
-        raise _Refuse
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise _Refuse from None
-
-
-def _scalar_decoder(field: FieldDescriptor) -> Callable[[Any], Any]:
-    kind = field.type
-    if kind == FieldDescriptor.TYPE_STRING:
-        return _decode_str
-    if kind == FieldDescriptor.TYPE_BOOL:
-        return _decode_bool
-    if kind in _INT32_TYPES:
-        return _decode_int
-    if kind in _INT64_TYPES:
-        return _decode_int64
-    if kind == FieldDescriptor.TYPE_DOUBLE:
-        return _decode_double
-    if kind == FieldDescriptor.TYPE_FLOAT:
-        return _decode_float32
-    if kind == FieldDescriptor.TYPE_BYTES:
-        return _decode_bytes
-    if kind == FieldDescriptor.TYPE_ENUM:
-        numbers = {value.name: value.number for value in enum_type_of(field).values}
-
-        def decode_enum(value: Any) -> int:
-            if type(value) is str:
-                number = numbers.get(value)
-                if number is not None:
-                    return number
-            elif type(value) is int:
-                return value
-            raise _Refuse
-
-        return decode_enum
-    raise _Refuse
-
-
 def _list_decoder(field: FieldDescriptor) -> Callable[[list[Any]], list[Any]]:
     kind = field.type
-    if kind == FieldDescriptor.TYPE_STRING or kind in _INT32_TYPES:
+    if kind == FieldDescriptor.TYPE_STRING or kind in INT32_TYPES:
         # The container's own type check refuses anything else (bools included).
         return _identity
-    if kind in _FLOAT_TYPES:
+    if kind in FLOAT_TYPES:
         float32 = kind == FieldDescriptor.TYPE_FLOAT
-        one = _decode_float32 if float32 else _decode_double
+        one = read_float32 if float32 else read_double
 
         def floats(values: list[Any]) -> list[Any]:
             for value in values:
@@ -476,14 +373,14 @@ def _list_decoder(field: FieldDescriptor) -> Callable[[list[Any]], list[Any]]:
                     return [one(item) for item in values]  # "NaN", "Infinity", or a refusal
             if not values:
                 return values
-            if float32 and (max(values) >= _FLOAT32_LIMIT or min(values) <= -_FLOAT32_LIMIT):
-                raise _Refuse
+            if float32 and (max(values) >= FLOAT32_LIMIT or min(values) <= -FLOAT32_LIMIT):
+                raise Refuse
             if not math.isfinite(sum(values)):
                 return [one(item) for item in values]
             return values
 
         return floats
-    convert = _scalar_decoder(field)
+    convert = reader_for(field)
     return lambda values: [convert(value) for value in values]
 
 

@@ -33,7 +33,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,15 @@ from schemas.errors import InvalidArgument
 from workflows import descriptors
 from workflows.codec import Codec, Codecs
 from workflows.failures import FailureKind, StepFailure
-from workflows.protojson import MessageError, describe_value, descriptor_of, pool_of
+from workflows.protojson import (
+    MessageError,
+    describe_value,
+    descriptor_of,
+    message_class,
+    pool_of,
+)
 from workflows.rules import (
+    Explain,
     Probes,
     Rule,
     RuleError,
@@ -59,7 +66,6 @@ from workflows.rules import (
     describe_error,
     make_rule,
     make_setter,
-    message_class,
     resolve_assignment_target,
     split_assignment,
 )
@@ -205,16 +211,7 @@ class Step:
 
     def build_request(self, scope: Scope) -> Message:
         """Evaluate the mapping rules into a request; a failing rule is a mapping defect."""
-        values: list[Any] = []
-        for rule in self.rules:
-            try:
-                values.append(scope.evaluate_json(rule))
-            except Exception as exc:
-                raise StepFailure(
-                    FailureKind.NON_RETRYABLE,
-                    self.name,
-                    f"rule `{rule.text}` failed to evaluate: {describe_error(exc)}",
-                ) from None
+        values = [_evaluate(scope, rule, self.name, "rule", as_json=True) for rule in self.rules]
         request = self.request_type()
         rest: dict[str, Any] = {}
         try:
@@ -268,14 +265,7 @@ class Step:
             return violations
         scope.bind("response", response_json)
         for rule in self.validate:
-            try:
-                verdict = scope.evaluate(rule)
-            except Exception as exc:
-                raise StepFailure(
-                    FailureKind.NON_RETRYABLE,
-                    self.name,
-                    f"validate rule `{rule.text}` failed to evaluate: {describe_error(exc)}",
-                ) from None
+            verdict = _evaluate(scope, rule, self.name, "validate rule", as_json=False)
             if verdict is True:
                 continue
             if verdict is False:
@@ -495,16 +485,20 @@ class CompiledWorkflow:
             return dict(last) if isinstance(last, Mapping) else {}
         result: dict[str, Any] = {}
         for rule in self.output:
-            try:
-                value = scope.evaluate_json(rule)
-            except Exception as exc:
-                raise StepFailure(
-                    FailureKind.NON_RETRYABLE,
-                    "",
-                    f"output rule `{rule.text}` failed to evaluate: {describe_error(exc)}",
-                ) from None
-            assign(result, rule.target, value)
+            assign(result, rule.target, _evaluate(scope, rule, "", "output rule", as_json=True))
         return result
+
+
+def _evaluate(scope: Scope, rule: Rule, step_name: str, kind: str, *, as_json: bool) -> Any:
+    """The rule's value; a rule that cannot be evaluated is a mapping defect, named."""
+    try:
+        return scope.evaluate_json(rule) if as_json else scope.evaluate(rule)
+    except Exception as exc:
+        raise StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step_name,
+            f"{kind} `{rule.text}` failed to evaluate: {describe_error(exc)}",
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -717,31 +711,75 @@ def _step_names(raw_steps: list[Any]) -> list[str]:
     return names
 
 
-def _rule_texts(value: Any, where: str, key: str) -> list[str]:
+def _rule_texts(value: Any, where: str, path: str) -> list[str]:
+    """The rule strings under one key; ``where`` names it for people, ``path`` for tools."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise DefinitionError(
-            f"{where}.{key}: must be a list of strings, got {describe_value(value)}",
-            path=f"{where}.{key}",
+            f"{where}: must be a list of strings, got {describe_value(value)}", path=path
         )
     if len(value) > MAX_RULES:
-        raise DefinitionError(f"{where}.{key}: at most {MAX_RULES} rules, got {len(value)}")
+        raise DefinitionError(f"{where}: at most {MAX_RULES} rules, got {len(value)}", path=path)
     for position, text in enumerate(value):
         if not isinstance(text, str):
             raise DefinitionError(
-                f"{where}.{key}[{position}]: a rule must be a string, got {describe_value(text)}",
-                path=f"{where}.{key}[{position}]",
+                f"{where}[{position}]: a rule must be a string, got {describe_value(text)}",
+                path=f"{path}[{position}]",
             )
     return list(value)
 
 
-def _target(value: Any, where: str) -> str | None:
+def _compile_rules(
+    value: Any, where: str, path: str, compile_one: Callable[[int, str], Rule]
+) -> tuple[Rule, ...]:
+    """Compile each rule under one key; a RuleError comes out quoting the rule and its place."""
+    rules: list[Rule] = []
+    for position, text in enumerate(_rule_texts(value, where, path)):
+        try:
+            rules.append(compile_one(position, text))
+        except RuleError as exc:
+            raise DefinitionError(
+                f"{where}[{position}] `{text.strip()}`: {exc}", path=f"{path}[{position}]"
+            ) from None
+    return tuple(rules)
+
+
+def _assignment_compiler(
+    env: Mapping[str, Descriptor],
+    probes: Probes,
+    explain: Explain,
+    request: Descriptor | None = None,
+) -> Callable[[int, str], Rule]:
+    """Compiles ``field = expression`` rules, refusing two that assign the same field.
+
+    With ``request`` they build that message (a step's mapping); without, the
+    job's result (the output mapping).
+    """
+    assigned: dict[tuple[str, ...], int] = {}
+    target_class = message_class(request) if request is not None else None
+
+    def compile_one(position: int, text: str) -> Rule:
+        target_path, expression = split_assignment(text)
+        if request is not None:
+            problem = resolve_assignment_target(request, target_path)
+            if problem is not None:
+                raise RuleError(f"request {problem}")
+        _check_overlap(target_path, assigned, position)
+        assigned[target_path] = position
+        rule = make_rule(text.strip(), expression, env, target_path)
+        check_rule(rule, env, probes, explain_unknown=explain, target_class=target_class)
+        return rule
+
+    return compile_one
+
+
+def _target(value: Any, where: str, path: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise DefinitionError(
-            f"{where}.target: must be a string, got {describe_value(value)}", path=f"{where}.target"
+            f"{where}.target: must be a string, got {describe_value(value)}", path=f"{path}.target"
         )
     if value == LOCAL_TARGET:
         return value
@@ -750,7 +788,7 @@ def _target(value: Any, where: str) -> str | None:
         raise DefinitionError(
             f"{where}.target: {value!r} is neither host:port nor {LOCAL_TARGET!r} "
             "(an in-process handler)",
-            path=f"{where}.target",
+            path=f"{path}.target",
         )
     return value
 
@@ -781,7 +819,7 @@ def _compile_step(
             f'{where}.completion: the only completion is "external", got {got}',
             path=f"{path}.completion",
         )
-    target = _target(raw.get("target"), where)
+    target = _target(raw.get("target"), where, path)
     request_type = message_class(method.input_type)
     response_type = message_class(method.output_type)
 
@@ -803,49 +841,37 @@ def _compile_step(
         in_scope = ", ".join(list(env) + (["response", name] if validating else []))
         return f"refers to {unknown!r}, which is not in scope; in scope: {in_scope}"
 
-    rules: list[Rule] = []
-    assigned: dict[tuple[str, ...], int] = {}
-    for position, text in enumerate(_rule_texts(raw.get("rules"), where, "rules")):
-        label = f"{where}, rules[{position}] `{text.strip()}`"
-        rule_path = f"{path}.rules[{position}]"
-        try:
-            target_path, expression = split_assignment(text)
-            problem = resolve_assignment_target(method.input_type, target_path)
-            if problem is not None:
-                raise RuleError(f"request {problem}")
-            _check_overlap(target_path, assigned, position)
-            assigned[target_path] = position
-            rule = make_rule(text.strip(), expression, env, target_path)
-            check_rule(
-                rule,
-                env,
-                probes,
-                explain_unknown=lambda unknown: explain(unknown, validating=False),
-                target_class=request_type,
-            )
-        except RuleError as exc:
-            raise DefinitionError(f"{label}: {exc}", path=rule_path) from None
-        rules.append(rule)
+    rules = _compile_rules(
+        raw.get("rules"),
+        f"{where}, rules",
+        f"{path}.rules",
+        _assignment_compiler(
+            env,
+            probes,
+            lambda unknown: explain(unknown, validating=False),
+            request=method.input_type,
+        ),
+    )
 
     validate_env = {**env, name: method.output_type, "response": method.output_type}
-    checks: list[Rule] = []
-    reads_scope = False
-    for position, text in enumerate(_rule_texts(raw.get("validate"), where, "validate")):
-        label = f"{where}, validate[{position}] `{text.strip()}`"
-        try:
-            expression = text.strip()
-            rule = make_rule(expression, expression, validate_env)
-            check_rule(
-                rule,
-                validate_env,
-                probes,
-                explain_unknown=lambda unknown: explain(unknown, validating=True),
-                boolean=True,
-            )
-        except RuleError as exc:
-            raise DefinitionError(f"{label}: {exc}", path=f"{path}.validate[{position}]") from None
-        reads_scope = reads_scope or any(variable in env for variable in rule.program.variables())
-        checks.append(rule)
+
+    def compile_check(position: int, text: str) -> Rule:
+        expression = text.strip()
+        rule = make_rule(expression, expression, validate_env)
+        check_rule(
+            rule,
+            validate_env,
+            probes,
+            explain_unknown=lambda unknown: explain(unknown, validating=True),
+            boolean=True,
+        )
+        return rule
+
+    checks = _compile_rules(
+        raw.get("validate"), f"{where}, validate", f"{path}.validate", compile_check
+    )
+    # Judging a complete-step response needs the job's input and checkpoints only then.
+    reads_scope = any(variable in env for rule in checks for variable in rule.program.variables())
 
     return Step(
         index=index,
@@ -855,8 +881,8 @@ def _compile_step(
         external=completion == EXTERNAL,
         request_type=request_type,
         response_type=response_type,
-        rules=tuple(rules),
-        validate=tuple(checks),
+        rules=rules,
+        validate=checks,
         reads_scope=reads_scope,
         validator=validator,
         setters=tuple(make_setter(method.input_type, rule.target) for rule in rules),
@@ -882,28 +908,13 @@ def _check_overlap(
 
 
 def _compile_output(value: Any, env: dict[str, Descriptor], probes: Probes) -> tuple[Rule, ...]:
-    texts = _rule_texts(value, "definition", "output")
-    rules: list[Rule] = []
-    assigned: dict[tuple[str, ...], int] = {}
-
     def explain(unknown: str) -> str:
         return (
             f"refers to {unknown!r}, which is neither the input nor a step; "
             f"in scope: {', '.join(env)}"
         )
 
-    for position, text in enumerate(texts):
-        label = f"output[{position}] `{text.strip()}`"
-        try:
-            target_path, expression = split_assignment(text)
-            _check_overlap(target_path, assigned, position)
-            assigned[target_path] = position
-            rule = make_rule(text.strip(), expression, env, target_path)
-            check_rule(rule, env, probes, explain_unknown=explain)
-        except RuleError as exc:
-            raise DefinitionError(f"{label}: {exc}", path=f"output[{position}]") from None
-        rules.append(rule)
-    return tuple(rules)
+    return _compile_rules(value, "output", "output", _assignment_compiler(env, probes, explain))
 
 
 # --- the cache -----------------------------------------------------------------------

@@ -70,8 +70,11 @@ _INT_RANGES: dict[int, tuple[int, int]] = {
     FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
     FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
 }
-# Doubles at or above this round to infinity as a float; anything below rounds to a finite one.
-_FLOAT32_LIMIT = 3.4028235677973366e38
+# Doubles at or above this round to infinity as a float; anything below rounds to
+# a finite one, so a float field accepts it. json_format alone is stricter: it
+# refuses anything above the largest float32, including the 3.4028235e+38 it
+# writes for that very value, so it cannot read its own output back.
+FLOAT32_LIMIT = 3.4028235677973366e38
 _INT_TEXT = re.compile(r"-?\d+")
 _BASE64_TEXT = re.compile(r"[A-Za-z0-9+/_-]*={0,2}")
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -97,6 +100,11 @@ _TYPE_NAMES: dict[int, str] = {
 
 def descriptor_of(message: type[Message] | Message) -> Descriptor:
     return cast(Descriptor, message.DESCRIPTOR)
+
+
+def message_class(descriptor: Descriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
 
 
 def pool_of(descriptor: Descriptor) -> descriptor_pool.DescriptorPool:
@@ -134,10 +142,10 @@ def to_json(message: Message) -> dict[str, Any]:
     return result
 
 
-def parse(data: Any, message_class: type[Message], label: str) -> Message:
-    """Parse ``data`` into a new ``message_class``; fast when it fits."""
-    message = message_class()
-    descriptor = descriptor_of(message_class)
+def parse(data: Any, message_type: type[Message], label: str) -> Message:
+    """Parse ``data`` into a new ``message_type``; fast when it fits."""
+    message = message_type()
+    descriptor = descriptor_of(message_type)
     if isinstance(data, Mapping):
         try:
             json_format.ParseDict(
@@ -153,12 +161,12 @@ def parse(data: Any, message_class: type[Message], label: str) -> Message:
     raise MessageError(check(data, descriptor, label))
 
 
-def parse_strict(data: Any, message_class: type[Message], label: str) -> Message:
+def parse_strict(data: Any, message_type: type[Message], label: str) -> Message:
     """Parse ``data`` after walking it, so every problem names its field path."""
-    problems = check(data, descriptor_of(message_class), label)
+    problems = check(data, descriptor_of(message_type), label)
     if problems:
         raise MessageError(problems)
-    return parse(data, message_class, label)
+    return parse(data, message_type, label)
 
 
 def check(data: Any, descriptor: Descriptor, label: str) -> list[str]:
@@ -405,13 +413,13 @@ def _check_float(value: Any, kind: int, expected: str, path: str, problems: list
     if (
         kind == FieldDescriptor.TYPE_FLOAT
         and math.isfinite(number)
-        and abs(number) >= _FLOAT32_LIMIT
+        and abs(number) >= FLOAT32_LIMIT
     ):
         _add(problems, f"{path}: {number} is out of range for float")
 
 
 def _check_special(data: Any, descriptor: Descriptor, path: str, problems: list[str]) -> None:
-    message = message_factory.GetMessageClass(descriptor)()
+    message = message_class(descriptor)()
     try:
         json_format.ParseDict(data, message, descriptor_pool=descriptor.file.pool)
     except Exception as exc:
@@ -488,6 +496,7 @@ def _duration_text(value: dt.timedelta) -> str:
 
 __all__ = [
     "DYNAMIC_TYPES",
+    "FLOAT32_LIMIT",
     "SPECIAL_JSON_TYPES",
     "MessageError",
     "check",
@@ -495,6 +504,7 @@ __all__ = [
     "field_index",
     "field_type_name",
     "is_map",
+    "message_class",
     "parse",
     "parse_strict",
     "to_json",

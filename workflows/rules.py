@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cel
-from google.protobuf import json_format, message_factory
+from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
@@ -44,6 +44,7 @@ from workflows.protojson import (
     pool_of,
     to_json_value,
 )
+from workflows.scalars import FLOAT_TYPES, INT64_TYPES, MESSAGE_TYPES, Refuse, reader_for
 
 MAX_RULE_CHARS = 4096  # the parser recurses; very deep expressions could exhaust the stack
 
@@ -239,7 +240,7 @@ class Probes:
 
     def _single(self, field: FieldDescriptor, variant: int, open_types: frozenset[str]) -> Any:
         kind = field.type
-        if kind in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+        if kind in MESSAGE_TYPES:
             return self.message(message_type_of(field), variant, open_types)
         if kind == FieldDescriptor.TYPE_ENUM:
             values = enum_type_of(field).values
@@ -250,22 +251,11 @@ class Probes:
             return bool(variant)
         if kind == FieldDescriptor.TYPE_BYTES:
             return "eA==" if variant else ""
-        if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if kind in FLOAT_TYPES:
             return float(variant)
-        if kind in _INT64_TYPES:
+        if kind in INT64_TYPES:
             return str(variant)  # proto3 JSON spells 64-bit integers as strings
         return variant
-
-
-_INT64_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
 
 
 def _map_key_probe(field: FieldDescriptor, variant: int) -> str:
@@ -472,10 +462,6 @@ def _walk(parts: list[str], env: Mapping[str, Descriptor]) -> str | None:
 Setter = Callable[[Message, Any], bool]
 
 
-class _Refuse(Exception):
-    """A value the fast path does not handle; the caller falls back to json_format."""
-
-
 def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
     """A direct setter for a top-level scalar (or repeated scalar) field, if there is one.
 
@@ -487,11 +473,9 @@ def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
     if len(path) != 1:
         return None
     field = descriptor.fields_by_name.get(path[0])
-    if field is None or is_map(field):
+    if field is None or is_map(field) or field.type in MESSAGE_TYPES:
         return None
-    accept = _acceptor(field)
-    if accept is None:
-        return None
+    accept = reader_for(field)
     name = field.name
     if field.is_repeated:
 
@@ -502,7 +486,7 @@ def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
                 return False
             try:
                 converted = [accept(item) for item in value]
-            except _Refuse:
+            except Refuse:
                 return False
             getattr(message, name).extend(converted)
             return True
@@ -514,7 +498,7 @@ def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
             return True
         try:
             converted = accept(value)
-        except _Refuse:
+        except Refuse:
             return False
         setattr(message, name, converted)
         return True
@@ -522,79 +506,9 @@ def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
     return set_single
 
 
-def _acceptor(field: FieldDescriptor) -> Callable[[Any], Any] | None:
-    kind = field.type
-    if kind == FieldDescriptor.TYPE_STRING:
-        return _accept_str
-    if kind == FieldDescriptor.TYPE_BOOL:
-        return _accept_bool
-    if kind in _INT64_TYPES:
-        return _accept_int64
-    if kind in (
-        FieldDescriptor.TYPE_INT32,
-        FieldDescriptor.TYPE_SINT32,
-        FieldDescriptor.TYPE_SFIXED32,
-        FieldDescriptor.TYPE_UINT32,
-        FieldDescriptor.TYPE_FIXED32,
-    ):
-        return _accept_int
-    if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-        return _accept_float
-    if kind == FieldDescriptor.TYPE_ENUM:
-        numbers = {value.name: value.number for value in enum_type_of(field).values}
-
-        def accept_enum(value: Any) -> int:
-            if type(value) is str:
-                number = numbers.get(value)
-                if number is not None:
-                    return number
-            elif type(value) is int:
-                return value
-            raise _Refuse
-
-        return accept_enum
-    return None
-
-
-def _accept_str(value: Any) -> str:
-    if type(value) is str:
-        return value
-    raise _Refuse
-
-
-def _accept_bool(value: Any) -> bool:
-    if type(value) is bool:
-        return value
-    raise _Refuse
-
-
-def _accept_int(value: Any) -> int:
-    if type(value) is int:
-        return value
-    raise _Refuse
-
-
-def _accept_int64(value: Any) -> int:
-    if type(value) is int:
-        return value
-    if type(value) is str and value.lstrip("-").isdigit() and value.isascii():
-        return int(value)
-    raise _Refuse
-
-
-def _accept_float(value: Any) -> float:
-    if type(value) is float or type(value) is int:
-        return float(value)
-    raise _Refuse
-
-
-def message_class(descriptor: Descriptor) -> type[Message]:
-    cls: type[Message] = message_factory.GetMessageClass(descriptor)
-    return cls
-
-
 __all__ = [
     "MAX_RULE_CHARS",
+    "Explain",
     "Probes",
     "Rule",
     "RuleError",
@@ -606,7 +520,6 @@ __all__ = [
     "describe_error",
     "make_rule",
     "make_setter",
-    "message_class",
     "resolve_assignment_target",
     "split_assignment",
 ]

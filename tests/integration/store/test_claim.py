@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 
 import pytest
 
 from schemas.errors import InvalidArgument
+from store.pool import Pool
 from store.runs import ClaimedJob, RunStore
 from tests.integration.store.helpers import submit, submit_many
 
@@ -83,3 +85,28 @@ async def test_claim_skips_a_job_whose_backoff_has_not_passed(store: RunStore) -
     outcome = await store.retry_or_die(claimed.lease, "UNAVAILABLE: try later")
     assert outcome.status == "QUEUED"
     assert await store.claim("w1") is None
+
+
+async def test_extending_a_lease_pushes_it_from_the_database_clock(pool: Pool) -> None:
+    store = RunStore(pool, lease_s=2.0)
+    await submit(store)
+    claimed = await store.claim("w1")
+    assert claimed is not None and claimed.job.lease_until is not None
+    await asyncio.sleep(0.2)
+    await store.extend_lease(claimed.lease)
+    job = await store.get(claimed.job_id)
+    assert job.lease_until is not None
+    assert job.lease_until - job.updated_at == timedelta(seconds=2)
+    assert job.lease_until - claimed.job.lease_until >= timedelta(seconds=0.2)
+    # Nothing else moves: same owner, same attempt, still RUNNING.
+    assert (job.status, job.lease_owner, job.attempt) == ("RUNNING", "w1", 1)
+
+
+async def test_the_backlog_count_stops_at_its_cap(store: RunStore) -> None:
+    await submit_many(store, 12)
+    assert await store.count_queued(limit=100) == 12
+    assert await store.count_queued(limit=5) == 5
+    await store.claim_batch("w1", 4)  # RUNNING rows are not backlog
+    assert await store.count_queued(limit=100) == 8
+    with pytest.raises(ValueError, match="at least 1"):
+        await store.count_queued(limit=0)

@@ -289,3 +289,29 @@ async def test_a_verifier_that_raises_changes_nothing(store: RunStore, outbox: O
         )
     assert await store.get(parked.job_id) == before
     assert len(await outbox.events_for(parked.job_id)) == 2
+
+
+async def test_a_sweep_that_fails_midway_leaves_no_change_and_no_event(
+    pool: Pool, outbox: Outbox
+) -> None:
+    # One expired lease with attempts left (requeued, no event) and one on its
+    # last attempt (DEAD, with an event): one transaction, so both or neither.
+    short = RunStore(pool, lease_s=0.05)
+    retried = await _claimed(short)
+    last = await _claimed(short, max_attempts=1)
+    await asyncio.sleep(0.15)
+    jobs = [retried.job_id, last.job_id]
+    before = {job_id: await short.get(job_id) for job_id in jobs}
+
+    async with pool.connection() as conn:
+        await conn.execute(REFUSE_OUTBOX_SQL.encode())
+    with pytest.raises(psycopg.errors.RaiseException, match="outbox refused"):
+        await short.sweep_expired()
+    async with pool.connection() as conn:
+        await conn.execute(ALLOW_OUTBOX_SQL)
+
+    for job_id in jobs:
+        assert await short.get(job_id) == before[job_id]
+        assert len(await outbox.events_for(job_id)) == 1  # ACCEPTED only
+    result = await short.sweep_expired()
+    assert (result.requeued, result.dead) == (1, 1)

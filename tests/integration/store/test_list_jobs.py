@@ -79,6 +79,8 @@ async def test_bad_arguments_are_refused_with_what_was_wrong(store: RunStore) ->
         await store.list(status="DONE")
     assert "unknown status 'DONE'" in refused.value.message
     assert "QUEUED, RUNNING, WAITING, COMPLETED, FAILED, DEAD" in refused.value.message
+    with pytest.raises(InvalidArgument, match="workflow name 'embed text' is malformed"):
+        await store.list(workflow_name="embed text")
     naive = base64.urlsafe_b64encode(f"2026-01-01T00:00:00|{uuid.uuid4()}".encode()).decode()
     not_a_uuid = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|42").decode()
     for token in ("not base64!", "bm9wZQ==", naive, not_a_uuid):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -16,61 +17,67 @@ from tests.integration.store.helpers import submit
 FAST_BASE_S = 0.02
 
 
+async def _let_the_backoff_pass(pool: Pool, job_id: uuid.UUID) -> None:
+    # Stands in for waiting out the backoff; the claim still compares against now().
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE workflow_run SET run_after = now() WHERE job_id = %s", (job_id,))
+
+
 async def test_attempts_one_and_two_back_off_five_and_ten_seconds_then_dead(
-    pool: Pool, outbox: Outbox
+    pool: Pool, store: RunStore, outbox: Outbox
 ) -> None:
-    store = RunStore(pool)  # base 5 s
-    fast = RunStore(pool, retry_base_s=FAST_BASE_S)
-
-    # Attempt 1 with the default base: +5 s. run_after and updated_at are both
-    # the statement's now(), so their difference is the backoff exactly.
-    first = (await submit(store)).job.job_id
-    claimed = await store.claim("w1")
-    assert claimed is not None and claimed.lease.attempt == 1
-    outcome = await store.retry_or_die(claimed.lease, "UNAVAILABLE: embedder down")
-    job = await store.get(first)
-    assert (outcome.status, outcome.attempt, job.status) == ("QUEUED", 1, "QUEUED")
-    assert job.run_after - job.updated_at == timedelta(seconds=5)
-    assert outcome.run_after == job.run_after
-    assert job.error == "UNAVAILABLE: embedder down"
-    assert job.lease_owner is None and job.lease_until is None
-    assert await store.claim("w1") is None  # not before its backoff
-
-    # Attempt 2 with the default base: +10 s (attempt 1 of this job retried fast).
-    second = (await submit(store)).job.job_id
-    claimed = await store.claim("w1")
-    assert claimed is not None and claimed.job_id == second
-    await fast.retry_or_die(claimed.lease, "DEADLINE_EXCEEDED")
-    await asyncio.sleep(FAST_BASE_S * 2)
-    claimed = await store.claim("w2")
-    assert claimed is not None and claimed.job_id == second and claimed.lease.attempt == 2
-    outcome = await store.retry_or_die(claimed.lease, "DEADLINE_EXCEEDED again")
-    job = await store.get(second)
-    assert (outcome.status, outcome.attempt) == ("QUEUED", 2)
-    assert job.run_after - job.updated_at == timedelta(seconds=10)
-
-    # Attempt 3 of 3: DEAD with the last error verbatim, and its DEAD event.
-    third = (await submit(store)).job.job_id
-    last_error = "RESOURCE_EXHAUSTED: quota of 'embedder' exceeded (limit 10/s)"
-    for attempt in (1, 2, 3):
-        await asyncio.sleep(FAST_BASE_S * 2 ** (attempt - 1) * 1.5)
-        claimed = await fast.claim("w3")
-        assert claimed is not None and claimed.job_id == third
+    job_id = (await submit(store)).job.job_id
+    assert store.retry_base_s == 5.0 and store.default_max_attempts == 3
+    errors = [
+        "UNAVAILABLE: embedder down",
+        "DEADLINE_EXCEEDED: embedder slow",
+        "RESOURCE_EXHAUSTED: quota of 'embedder' exceeded (limit 10/s)",
+    ]
+    # run_after and updated_at are both the statement's now(), so their
+    # difference is the backoff exactly.
+    for attempt, (error, backoff_s) in enumerate(zip(errors[:2], (5, 10), strict=True), 1):
+        claimed = await store.claim("w1")
+        assert claimed is not None and claimed.job_id == job_id
         assert claimed.lease.attempt == attempt
-        outcome = await fast.retry_or_die(
-            claimed.lease, f"try {attempt}" if attempt < 3 else last_error
-        )
-    assert outcome.dead
-    job = await store.get(third)
-    assert job.status == "DEAD"
-    assert job.error == last_error
-    assert job.attempt == 3
-    assert job.lease_owner == "w3"
-    events = [decode_event(row.payload) for row in await outbox.events_for(third)]
+        outcome = await store.retry_or_die(claimed.lease, error)
+        job = await store.get(job_id)
+        assert (outcome.status, outcome.attempt, job.status) == ("QUEUED", attempt, "QUEUED")
+        assert not outcome.dead
+        assert job.run_after - job.updated_at == timedelta(seconds=backoff_s)
+        assert outcome.run_after == job.run_after
+        assert job.error == error
+        assert job.lease_owner is None and job.lease_until is None
+        assert await store.claim("w2") is None  # not before its backoff
+        await _let_the_backoff_pass(pool, job_id)
+
+    claimed = await store.claim("w3")
+    assert claimed is not None and claimed.lease.attempt == 3
+    outcome = await store.retry_or_die(claimed.lease, errors[2])
+    assert outcome.dead and outcome.attempt == 3
+    job = await store.get(job_id)
+    assert (job.status, job.error, job.attempt) == ("DEAD", errors[2], 3)
+    assert job.lease_owner == "w3"  # who held the last attempt
+    events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
+    # Retries are row changes only; the one event after ACCEPTED is the DEAD one.
     assert [event.type for event in events] == [EventType.TYPE_ACCEPTED, EventType.TYPE_DEAD]
-    assert events[-1].error == last_error
-    assert events[-1].attempt == 3
-    assert await fast.claim("w3") is None
+    assert (events[-1].error, events[-1].attempt) == (errors[2], 3)
+    await _let_the_backoff_pass(pool, job_id)
+    assert await store.claim("w1") is None
+
+
+async def test_a_retry_waits_out_its_backoff_on_the_database_clock(pool: Pool) -> None:
+    fast = RunStore(pool, retry_base_s=FAST_BASE_S)
+    job_id = (await submit(fast)).job.job_id
+    for attempt in (1, 2, 3):
+        if attempt > 1:
+            # Attempt n-1 backed off base x 2^(n-2); sleep past it.
+            await asyncio.sleep(FAST_BASE_S * 2 ** (attempt - 2) * 1.5)
+        claimed = await fast.claim("w1")
+        assert claimed is not None and claimed.job_id == job_id
+        assert claimed.lease.attempt == attempt
+        outcome = await fast.retry_or_die(claimed.lease, f"UNAVAILABLE #{attempt}")
+    assert outcome.dead
+    assert (await fast.get(job_id)).error == "UNAVAILABLE #3"
 
 
 async def test_the_backoff_base_is_configurable(pool: Pool) -> None:

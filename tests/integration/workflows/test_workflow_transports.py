@@ -231,6 +231,23 @@ async def test_grpc_calls_carry_the_job_in_metadata(
     assert first["x-idempotency-key"] == "job-m:tokenize"
 
 
+async def test_grpc_calls_time_out_with_what_is_left_of_the_segment(
+    grpc_server: TestGrpcServer, channels: GrpcChannels
+) -> None:
+    grpc_server.time_left.clear()
+    transport = Transport("grpc", grpc_server.target, HandlerRegistry(), CallLog(), channels)
+    definition = transport.envelope(review=None, deadline_ms=5000)
+    await transport.run(definition, {"text": TEXT, "delay_ms": 300})
+    tokenize, embed = grpc_server.time_left
+    assert tokenize is not None and embed is not None
+    # Bounded by the segment's 5 s (gRPC rounds a timeout up to its wire units,
+    # hence the hair over), never by a default of its own. A slow machine only
+    # ever makes the time left smaller.
+    assert 0 < tokenize < 5.05
+    # The embedder starts after the tokenizer's 300 ms, so at most 4.7 s are left.
+    assert 0 < embed < 4.75
+
+
 async def test_a_target_nobody_listens_on_is_unavailable(channels: GrpcChannels) -> None:
     transport = Transport("grpc", unused_target(), HandlerRegistry(), CallLog(), channels)
     with pytest.raises(StepFailure) as caught:

@@ -7,8 +7,9 @@ from importlib import resources
 
 import pytest
 
+from schemas.contract import EventType, api_pb2
 from schemas.errors import InvalidArgument
-from store import runs
+from store import outbox, runs
 from store.states import (
     STATUSES,
     TERMINAL,
@@ -103,3 +104,46 @@ def test_the_schema_check_constraint_lists_exactly_the_statuses() -> None:
     match = re.search(r"CHECK \(status IN \(([^)]*)\)\)", sql)
     assert match is not None
     assert tuple(re.findall(r"'(\w+)'", match.group(1))) == STATUSES
+
+
+def test_the_job_view_enumerates_exactly_the_statuses() -> None:
+    names = [value.name for value in api_pb2.Job.Status.DESCRIPTOR.values][1:]
+    assert tuple(names) == STATUSES
+
+
+def test_the_outbox_check_constraint_lists_exactly_the_event_types() -> None:
+    sql = resources.files("migrations").joinpath("0002_workflow_run_events_outbox.sql").read_text()
+    match = re.search(r"CHECK \(event_type IN \(([^)]*)\)\)", sql)
+    assert match is not None
+    # Every type but TYPE_UNSPECIFIED, which is never written.
+    published = [value.name.removeprefix("TYPE_") for value in EventType.DESCRIPTOR.values][1:]
+    assert re.findall(r"'(\w+)'", match.group(1)) == published
+
+
+@pytest.mark.parametrize("module", ["runs", "definitions", "migrate", "pool", "channels"])
+def test_job_statuses_are_spelled_only_in_the_state_machine(module: str) -> None:
+    # outbox.py is left out on purpose: its PENDING/PUBLISHED/FAILED are the
+    # outbox row's own states, not a job's.
+    source = resources.files("store").joinpath(f"{module}.py").read_text()
+    names = "|".join(STATUSES)
+    assert re.findall(rf"'({names})'", source) == []  # an SQL literal
+    assert re.findall(rf"(?:==|!=|\bis)\s*\"({names})\"", source) == []  # a comparison
+
+
+def test_time_is_compared_only_against_the_database_clock() -> None:
+    statements = [
+        value
+        for module in (runs, outbox)
+        for value in vars(module).values()
+        if isinstance(value, str) and "workflow_run" in value
+    ]
+    statements += [runs.list_jobs_sql(by_status=True, by_name=True, after=True)]
+    compared = 0
+    for sql in statements:
+        for column, operator, other in re.findall(
+            r"\b(run_after|lease_until)\s*(<=|>=|<|>)\s*(\S+)", sql
+        ):
+            compared += 1
+            assert other.startswith("now()"), f"{column} {operator} {other} in {sql}"
+        assert "now" not in re.findall(r"%\((\w+)\)s", sql)
+    assert compared >= 2  # the claim and the sweeper

@@ -5,14 +5,23 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from importlib import resources
+from typing import get_args
 
 import pytest
 
+from schemas.contract import api_pb2
 from schemas.errors import InvalidArgument
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.definitions import validate_workflow_name
 from store.migrate import load_migrations
-from store.runs import decode_page_token, encode_page_token, list_jobs_sql
+from store.pool import (
+    APPLICATION_NAME,
+    DEFAULT_MAX_SIZE,
+    DEFAULT_MIN_SIZE,
+    DEFAULT_TIMEOUT_S,
+    create_pool,
+)
+from store.runs import StepOutcome, decode_page_token, encode_page_token, list_jobs_sql
 
 
 def test_a_page_token_round_trips() -> None:
@@ -66,3 +75,24 @@ def test_good_workflow_names(name: str) -> None:
 def test_bad_workflow_names(name: str) -> None:
     with pytest.raises(InvalidArgument, match="malformed"):
         validate_workflow_name(name)
+
+
+def test_a_pool_takes_its_options_and_defaults() -> None:
+    pool = create_pool("postgresql://nowhere", min_size=1, max_size=3, timeout_s=4.0)
+    assert (pool.min_size, pool.max_size, pool.timeout) == (1, 3, 4.0)
+    assert pool.kwargs == {"autocommit": True, "application_name": APPLICATION_NAME}
+    named = create_pool("postgresql://nowhere", application_name="wfjobs w1")
+    assert (named.min_size, named.max_size, named.timeout) == (
+        DEFAULT_MIN_SIZE,
+        DEFAULT_MAX_SIZE,
+        DEFAULT_TIMEOUT_S,
+    )
+    assert named.kwargs is not None and named.kwargs["application_name"] == "wfjobs w1"
+    for sizes in ({"min_size": 3, "max_size": 2}, {"max_size": 0}, {"min_size": -1}):
+        with pytest.raises(ValueError, match="0 <= min <= max"):
+            create_pool("postgresql://nowhere", **sizes)  # type: ignore[arg-type]
+
+
+def test_complete_step_outcomes_are_the_contracts() -> None:
+    outcomes = [value.name for value in api_pb2.CompleteStepResponse.Outcome.DESCRIPTOR.values]
+    assert ["OUTCOME_UNSPECIFIED", *get_args(StepOutcome)] == outcomes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -359,6 +360,12 @@ MALFORMED: list[tuple[str, Edit, list[str]]] = [
         ["output[0] `ids = tokenize.ids[`: does not parse as CEL"],
     ),
     (
+        "too many rules",
+        _rules(0, *["text = input.text"] * 257),
+        ["steps[0] 'tokenize', rules: at most 256 rules, got 257"],
+    ),
+    ("output not a list", _set(["output"], "ids = tokenize.ids"), ["output: must be a list"]),
+    (
         "output reading a missing field",
         _set(["output"], ["vector = embed.vectors"]),
         ["embed (jobs.test.Embedding) has no field 'vectors'"],
@@ -391,6 +398,41 @@ def test_error_carries_a_path() -> None:
     with pytest.raises(DefinitionError) as caught:
         compile_definition(definition)
     assert caught.value.path == "steps[1].rules[0]"
+
+
+# A path names keys and indexes only, so a tool can walk the envelope with it.
+_PATH = re.compile(r"(?:[A-Za-z]\w*(?:\[\d+\])*(?:\.[A-Za-z]\w*(?:\[\d+\])*)*)?")
+
+
+@pytest.mark.parametrize("edit", [pytest.param(e, id=name) for name, e, _ in MALFORMED])
+def test_every_error_path_is_keys_and_indexes(edit: Edit) -> None:
+    definition = envelope()
+    replaced = edit(definition)
+    with pytest.raises(DefinitionError) as caught:
+        compile_definition(replaced if replaced is not None else definition)
+    assert _PATH.fullmatch(caught.value.path), caught.value.path
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [
+        (_set(["steps", 0, "rules"], "text = input.text"), "steps[0].rules"),
+        (_rules(0, *["text = input.text"] * 257), "steps[0].rules"),
+        (_rules(0, "text = input.text", 7), "steps[0].rules[1]"),
+        (_rules(1, "ids = tokenize.idz"), "steps[1].rules[0]"),
+        (_set(["steps", 0, "target"], "localhost"), "steps[0].target"),
+        (_set(["steps", 0, "target"], 5), "steps[0].target"),
+        (_set(["steps", 2, "validate"], ["response.aproved"]), "steps[2].validate[0]"),
+        (_set(["output"], "ids = tokenize.ids"), "output"),
+        (_set(["output"], ["ids = tokenize.idz"]), "output[0]"),
+    ],
+)
+def test_error_paths_locate_the_offending_part(edit: Edit, path: str) -> None:
+    definition = envelope()
+    edit(definition)
+    with pytest.raises(DefinitionError) as caught:
+        compile_definition(definition)
+    assert caught.value.path == path
 
 
 def test_comprehension_variables_are_not_unknown_names() -> None:

@@ -37,6 +37,7 @@ from workflows import (
     run_segment,
     run_workflow,
 )
+from workflows.invokers import Handler
 
 TEXT = "hello brave new world"
 
@@ -51,6 +52,13 @@ class Recorder:
     async def __call__(self, entry: dict[str, Any]) -> None:
         self.entries.append(entry)
         self.events.append(f"checkpoint:{entry['name']}")
+
+
+def _registry_with(method: str, handler: Handler) -> HandlerRegistry:
+    """The test handlers, with ``method`` served by ``handler`` instead."""
+    registry = make_registry()
+    registry.register(method, handler, replace=True)
+    return registry
 
 
 async def _run(
@@ -103,15 +111,14 @@ async def test_three_steps_run_and_checkpoint_proto3_json() -> None:
 
 async def test_each_checkpoint_is_awaited_before_the_next_step_starts() -> None:
     events: list[str] = []
-    registry = make_registry()
-    inner = registry.get(EMBED)
+    inner = make_registry().get(EMBED)
     assert inner is not None
 
     async def embed(request: Any, ctx: StepContext) -> Any:
         events.append("call:embed")
         return await inner(request, ctx)
 
-    registry.register(EMBED, embed, replace=True)
+    registry = _registry_with(EMBED, embed)
     workflow = compile_definition(envelope(review=None))
     await _run(workflow, {"text": TEXT}, registry=registry, observer=Recorder(events))
     assert events == ["checkpoint:tokenize", "call:embed", "checkpoint:embed"]
@@ -312,12 +319,10 @@ async def test_a_deadline_used_up_between_steps_is_retryable() -> None:
 
 
 async def test_a_handlers_own_timeout_is_not_the_segment_deadline() -> None:
-    registry = make_registry()
-
     async def tokenize(request: Any, ctx: StepContext) -> Any:
         raise TimeoutError("the handler's upstream timed out")
 
-    registry.register(TOKENIZE, tokenize, replace=True)
+    registry = _registry_with(TOKENIZE, tokenize)
     workflow = compile_definition(envelope(review=None))
     with pytest.raises(StepFailure) as caught:
         await _run(workflow, {"text": TEXT}, registry=registry)
@@ -349,15 +354,14 @@ async def test_whatever_the_observer_raises_passes_through_unchanged() -> None:
 
 async def test_the_handler_context_carries_the_job() -> None:
     seen: list[StepContext] = []
-    registry = make_registry()
-    inner = registry.get(TOKENIZE)
+    inner = make_registry().get(TOKENIZE)
     assert inner is not None
 
     async def tokenize(request: Any, ctx: StepContext) -> Any:
         seen.append(ctx)
         return await inner(request, ctx)
 
-    registry.register(TOKENIZE, tokenize, replace=True)
+    registry = _registry_with(TOKENIZE, tokenize)
     workflow = compile_definition(envelope(review=None, deadline_ms=5000))
     await _run(workflow, {"text": TEXT}, registry=registry, attempt=3)
     (ctx,) = seen
@@ -412,12 +416,10 @@ async def test_without_an_output_mapping_the_result_is_the_last_response() -> No
 
 
 async def test_a_handler_answering_the_wrong_type_is_non_retryable() -> None:
-    registry = make_registry()
-
     async def tokenize(request: Any, ctx: StepContext) -> Any:
         return message_class("jobs.test.Embedding")()
 
-    registry.register(TOKENIZE, tokenize, replace=True)
+    registry = _registry_with(TOKENIZE, tokenize)
     workflow = compile_definition(envelope(review=None))
     with pytest.raises(StepFailure) as caught:
         await _run(workflow, {"text": TEXT}, registry=registry)
@@ -426,12 +428,10 @@ async def test_a_handler_answering_the_wrong_type_is_non_retryable() -> None:
 
 
 async def test_a_handler_may_answer_with_another_pools_class() -> None:
-    registry = make_registry()
-
     async def tokenize(request: Any, ctx: StepContext) -> Any:
         return message_class("jobs.test.Tokens")(ids=[7], count=1)
 
-    registry.register(TOKENIZE, tokenize, replace=True)
+    registry = _registry_with(TOKENIZE, tokenize)
     workflow = compile_definition(envelope(review=None))
     outcome = await _run(workflow, {"text": TEXT}, registry=registry)
     assert isinstance(outcome, Completed)

@@ -62,7 +62,7 @@ class Job:
     definition: dict[str, Any] | None
     definition_hash: str
     input: dict[str, Any]
-    status: str
+    status: Status
     attempt: int
     max_attempts: int
     run_after: datetime
@@ -109,7 +109,8 @@ class SubmitResult:
 
 @dataclass(frozen=True, slots=True)
 class RetryOutcome:
-    status: Literal["QUEUED", "DEAD"]
+    # QUEUED (retry later) or DEAD (no attempt left).
+    status: Status
     attempt: int
     max_attempts: int
     # When the job becomes claimable again (QUEUED); unchanged when DEAD.
@@ -117,7 +118,7 @@ class RetryOutcome:
 
     @property
     def dead(self) -> bool:
-        return self.status == "DEAD"
+        return self.status is Status.DEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +184,8 @@ _R_COLUMNS = ", ".join(f"r.{column}" for column in JOB_COLUMNS)
 
 
 def _lit(status: str) -> str:
-    # Statuses are inlined rather than bound: a partial index (WHERE status =
-    # 'QUEUED') can only serve a plan that sees the literal.
+    # Statuses are inlined rather than bound: a partial index (the claim's is
+    # WHERE status = QUEUED) can only serve a plan that sees the literal.
     return f"'{Status(status).value}'"
 
 
@@ -368,6 +369,14 @@ SELECT swept.job_id, %(event_type)s, swept.payload
 """
 
 SELECT_JOB_SQL = f"SELECT {_COLUMNS} FROM workflow_run WHERE job_id = %(job_id)s"
+
+# The backlog for admission control, counted no further than the cap: the claim
+# index is partial on QUEUED, so this reads at most ``limit`` index entries.
+COUNT_QUEUED_SQL = f"""
+SELECT count(*) FROM (
+    SELECT 1 FROM workflow_run WHERE status = {_lit(Status.QUEUED)} LIMIT %(limit)s
+) AS backlog
+"""
 LOCK_JOB_SQL = SELECT_JOB_SQL + " FOR UPDATE"
 
 # The resume gives the parked attempt back (see the module docstring).
@@ -450,7 +459,7 @@ def _job(row: Sequence[Any]) -> Job:
         definition=definition,
         definition_hash=definition_hash,
         input=input_,
-        status=status,
+        status=Status(status),
         attempt=attempt,
         max_attempts=max_attempts,
         run_after=run_after,
@@ -650,12 +659,9 @@ class RunStore:
     async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
         """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
         name, skipped, response = _check_entry(entry)
-        event = build_event(
-            job_id=lease.job_id,
-            event_type=EventType.TYPE_STEP_CHECKPOINT,
-            workflow_name=lease.workflow_name,
-            attempt=lease.attempt,
-            occurred_at=_now(),
+        event = _lease_event(
+            lease,
+            EventType.TYPE_STEP_CHECKPOINT,
             step_name=name,
             response=response,
             skipped=skipped,
@@ -670,27 +676,12 @@ class RunStore:
 
     async def park(self, lease: Lease, step_name: str) -> None:
         """WAITING on the external step ``step_name``, with its WAITING event."""
-        event = build_event(
-            job_id=lease.job_id,
-            event_type=EventType.TYPE_WAITING,
-            workflow_name=lease.workflow_name,
-            attempt=lease.attempt,
-            occurred_at=_now(),
-            step_name=step_name,
-        )
+        event = _lease_event(lease, EventType.TYPE_WAITING, step_name=step_name)
         await self._commit_point(PARK_SQL, lease, event, {"step_name": step_name}, "park")
 
     async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
         """COMPLETED with its verdict and result, with the COMPLETED event."""
-        event = build_event(
-            job_id=lease.job_id,
-            event_type=EventType.TYPE_COMPLETED,
-            workflow_name=lease.workflow_name,
-            attempt=lease.attempt,
-            occurred_at=_now(),
-            verdict=verdict,
-            result=result,
-        )
+        event = _lease_event(lease, EventType.TYPE_COMPLETED, verdict=verdict, result=result)
         await self._commit_point(
             COMPLETE_SQL,
             lease,
@@ -706,29 +697,14 @@ class RunStore:
         violations as its error; the row's ``verdict`` tells the two apart.
         """
         message = error or verdict
-        event = build_event(
-            job_id=lease.job_id,
-            event_type=EventType.TYPE_FAILED,
-            workflow_name=lease.workflow_name,
-            attempt=lease.attempt,
-            occurred_at=_now(),
-            verdict=verdict,
-            error=message,
-        )
+        event = _lease_event(lease, EventType.TYPE_FAILED, verdict=verdict, error=message)
         await self._commit_point(
             FAIL_SQL, lease, event, {"verdict": verdict or None, "error": message}, "fail"
         )
 
     async def retry_or_die(self, lease: Lease, error: str) -> RetryOutcome:
         """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim."""
-        dead_event = build_event(
-            job_id=lease.job_id,
-            event_type=EventType.TYPE_DEAD,
-            workflow_name=lease.workflow_name,
-            attempt=lease.attempt,
-            occurred_at=_now(),
-            error=error,
-        )
+        dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
                 RETRY_OR_DIE_SQL,
@@ -745,7 +721,7 @@ class RunStore:
             raise _lease_lost(lease, "settle a retry")
         status, attempt, max_attempts, run_after = row
         return RetryOutcome(
-            status=status, attempt=attempt, max_attempts=max_attempts, run_after=run_after
+            status=Status(status), attempt=attempt, max_attempts=max_attempts, run_after=run_after
         )
 
     async def hand_back(self, lease: Lease) -> None:
@@ -920,6 +896,15 @@ class RunStore:
         async with self._pool.connection() as conn:
             return await _fetch_job(conn, SELECT_JOB_SQL, job_id)
 
+    async def count_queued(self, *, limit: int) -> int:
+        """How many jobs are QUEUED, counting no further than ``limit``."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(COUNT_QUEUED_SQL, {"limit": limit})
+            row = await cursor.fetchone()
+        return int(row[0]) if row is not None else 0
+
     async def list(
         self,
         *,
@@ -936,7 +921,7 @@ class RunStore:
         if status:
             params["status"] = parse_status(status).value
         if workflow_name:
-            params["workflow_name"] = workflow_name
+            params["workflow_name"] = validate_workflow_name(workflow_name)
         if page_token:
             params["after_created_at"], params["after_job_id"] = decode_page_token(page_token)
         statement = list_jobs_sql(
@@ -949,6 +934,18 @@ class RunStore:
         if len(rows) > limit:
             token = encode_page_token(jobs[-1].created_at, jobs[-1].job_id)
         return JobPage(jobs=jobs, next_page_token=token)
+
+
+def _lease_event(lease: Lease, event_type: int, **fields: Any) -> WorkflowRunEvent:
+    """The event of a commit point made under ``lease``, stamped now."""
+    return build_event(
+        job_id=lease.job_id,
+        event_type=event_type,
+        workflow_name=lease.workflow_name,
+        attempt=lease.attempt,
+        occurred_at=_now(),
+        **fields,
+    )
 
 
 def _fence(lease: Lease) -> dict[str, Any]:

@@ -370,8 +370,19 @@ class ClaimLoops:
 
     # ------------------------------------------------------------------ settling
 
-    async def _settle(self, lease: Lease, outcome: SegmentOutcome) -> None:
+    @contextlib.asynccontextmanager
+    async def _settling(self, lease: Lease) -> AsyncIterator[None]:
+        """Around every settle: a lost lease drops the job, any other error hands it back."""
         try:
+            yield
+        except LeaseLost as exc:
+            self.stats.lease_lost += 1
+            log.info("job %s dropped at settle: %s", lease.job_id, exc)
+        except Exception as exc:
+            await self._settle_error(lease, exc)
+
+    async def _settle(self, lease: Lease, outcome: SegmentOutcome) -> None:
+        async with self._settling(lease):
             if isinstance(outcome, Completed):
                 await self._runs.complete(lease, result=outcome.result, verdict=outcome.verdict)
                 self.stats.completed += 1
@@ -380,15 +391,10 @@ class ClaimLoops:
                 self.stats.parked += 1
             else:  # pragma: no cover - the runner has exactly two outcomes
                 raise TypeError(f"unknown segment outcome {outcome!r}")
-        except LeaseLost as exc:
-            self.stats.lease_lost += 1
-            log.info("job %s dropped at settle: %s", lease.job_id, exc)
-        except Exception as exc:
-            await self._settle_error(lease, exc)
 
     async def _settle_failure(self, lease: Lease, failure: StepFailure) -> None:
         error = str(failure)
-        try:
+        async with self._settling(lease):
             if failure.kind is FailureKind.RETRYABLE:
                 outcome = await self._runs.retry_or_die(lease, error)
                 if outcome.dead:
@@ -413,11 +419,6 @@ class ClaimLoops:
                 await self._runs.fail(lease, error=error)
                 self.stats.failed += 1
                 log.warning("job %s FAILED: %s", lease.job_id, error)
-        except LeaseLost as exc:
-            self.stats.lease_lost += 1
-            log.info("job %s dropped at settle: %s", lease.job_id, exc)
-        except Exception as exc:
-            await self._settle_error(lease, exc)
 
     async def _settle_error(self, lease: Lease, exc: BaseException) -> None:
         """The store refused a settle for its own reasons: requeue, never invent an outcome."""

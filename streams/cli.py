@@ -23,7 +23,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -31,6 +31,10 @@ from rich.table import Table
 
 from schemas.contract import WorkflowRunEvent, WorkflowRunRequest, check_incoming, to_json
 from schemas.errors import WorkflowJobsError
+from streams.convert import integral_numbers
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:6066"
 HTTP_TIMEOUT_S = 30.0
@@ -64,10 +68,16 @@ class CliError(WorkflowJobsError):
 # --------------------------------------------------------------------------- output
 
 
+_PIPED_WIDTH = 200
+
+
 class Output:
     def __init__(self, *, as_json: bool) -> None:
         self.as_json = as_json
-        self.console = Console(highlight=False, soft_wrap=True)
+        # Piped output has no terminal width to fit; rich would assume 80
+        # columns and cut table cells, so a pipe gets rows at their full width.
+        piped_width = None if sys.stdout.isatty() else _PIPED_WIDTH
+        self.console = Console(highlight=False, soft_wrap=True, width=piped_width)
         self.errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
     def json(self, value: Any) -> None:
@@ -92,18 +102,8 @@ def _status(status: str) -> str:
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(_integral(value), separators=(",", ":"), sort_keys=True)
-
-
-def _integral(value: Any) -> Any:
-    """Whole floats as ints: event Structs carry every JSON number as a double."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _integral(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_integral(item) for item in value]
-    return value
+    # Event Structs carry every JSON number as a double: 17058, not 17058.0.
+    return json.dumps(integral_numbers(value), separators=(",", ":"), sort_keys=True)
 
 
 def render_job(out: Output, job: Mapping[str, Any]) -> None:
@@ -146,7 +146,11 @@ def render_job(out: Output, job: Mapping[str, Any]) -> None:
 
 def render_jobs(out: Output, jobs: Sequence[Mapping[str, Any]], next_page_token: str) -> None:
     table = Table()
-    for column in ("job_id", "workflow", "status", "attempt", "step / verdict", "updated"):
+    # A job id is what one copies into the next command: never wrapped or cut.
+    table.add_column("job_id", no_wrap=True, min_width=36)
+    table.add_column("workflow")
+    table.add_column("status", no_wrap=True)
+    for column in ("attempt", "step / verdict", "updated"):
         table.add_column(column)
     for job in jobs:
         detail = job.get("outstanding_step") or job.get("verdict") or job.get("error") or ""
@@ -299,38 +303,43 @@ def _job_id(value: str | None) -> str:
 # --------------------------------------------------------------------------- verbs
 
 
+def _show(out: Output, answer: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> int:
+    """The server's answer as JSON with ``--json``, else as ``render`` draws it."""
+    if out.as_json:
+        out.json(answer)
+    else:
+        render(answer)
+    return 0
+
+
 def cmd_workflows_put(args: argparse.Namespace, out: Output) -> int:
     definition = json_object(f"@{args.file}", "workflow file")
     name = args.name or definition.get("name")
     if not isinstance(name, str) or not name:
         raise CliError("INVALID_ARGUMENT", "the workflow has no name: add one or pass --name")
     answer = Api(args.url).call("PUT", f"/v1/workflows/{_quote(name)}", {"workflow": definition})
-    if out.as_json:
-        out.json(answer)
-    else:
+
+    def render(answer: dict[str, Any]) -> None:
         stored = answer.get("workflow", {})
         out.print(f"stored workflow [bold]{escape(str(stored.get('name', name)))}[/]")
-    return 0
+
+    return _show(out, answer, render)
 
 
 def cmd_workflows_get(args: argparse.Namespace, out: Output) -> int:
     answer = Api(args.url).call("GET", f"/v1/workflows/{_quote(args.name)}")
-    if out.as_json:
-        out.json(answer)
-    else:
+
+    def render(answer: dict[str, Any]) -> None:
         stored = answer.get("workflow", {})
         render_workflows(out, [stored])
         out.console.print_json(data=stored.get("definition", {}))
-    return 0
+
+    return _show(out, answer, render)
 
 
 def cmd_workflows_list(args: argparse.Namespace, out: Output) -> int:
     answer = Api(args.url).call("GET", "/v1/workflows")
-    if out.as_json:
-        out.json(answer)
-    else:
-        render_workflows(out, answer.get("workflows", []))
-    return 0
+    return _show(out, answer, lambda answer: render_workflows(out, answer.get("workflows", [])))
 
 
 def cmd_submit(args: argparse.Namespace, out: Output) -> int:
@@ -345,25 +354,22 @@ def cmd_submit(args: argparse.Namespace, out: Output) -> int:
     if args.max_attempts:
         body["max_attempts"] = args.max_attempts
     answer = Api(args.url).call("POST", "/v1/workflow-runs", body)
-    if out.as_json:
-        out.json(answer)
-        return 0
-    job = answer.get("job", {})
-    created = "submitted" if answer.get("created", True) else "already existed"
-    out.print(
-        f"job [bold]{escape(str(job.get('job_id', body['job_id'])))}[/] {created}: "
-        f"{_status(str(job.get('status', '')))}"
-    )
-    return 0
+
+    def render(answer: dict[str, Any]) -> None:
+        job = answer.get("job", {})
+        # proto3 JSON leaves out a false ``created``: absent means the job already existed.
+        created = "submitted" if answer.get("created", False) else "already existed"
+        out.print(
+            f"job [bold]{escape(str(job.get('job_id', body['job_id'])))}[/] {created}: "
+            f"{_status(str(job.get('status', '')))}"
+        )
+
+    return _show(out, answer, render)
 
 
 def cmd_get(args: argparse.Namespace, out: Output) -> int:
     answer = Api(args.url).call("GET", f"/v1/workflow-runs/{_quote(args.job_id)}")
-    if out.as_json:
-        out.json(answer)
-    else:
-        render_job(out, answer.get("job", {}))
-    return 0
+    return _show(out, answer, lambda answer: render_job(out, answer.get("job", {})))
 
 
 def cmd_list(args: argparse.Namespace, out: Output) -> int:
@@ -374,11 +380,11 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
         "page_token": args.page_token,
     }
     answer = Api(args.url).call("GET", "/v1/workflow-runs", query=query)
-    if out.as_json:
-        out.json(answer)
-    else:
+
+    def render(answer: dict[str, Any]) -> None:
         render_jobs(out, answer.get("jobs", []), str(answer.get("next_page_token", "")))
-    return 0
+
+    return _show(out, answer, render)
 
 
 def cmd_complete(args: argparse.Namespace, out: Output) -> int:
@@ -402,22 +408,16 @@ def cmd_complete(args: argparse.Namespace, out: Output) -> int:
 # --------------------------------------------------------------------------- settings-driven
 
 
-def _settings() -> Any:
+def _settings() -> Settings:
+    # Imported here: the verbs that only speak HTTP never read the settings.
     from streams.settings import Settings
 
     return Settings.from_env()
 
 
-def _registry(settings: Any) -> Any:
-    if not settings.schema_registry_url:
-        return None
-    from schemas.serde import open_registry
-
-    return open_registry(
-        settings.schema_registry_url,
-        events_topic=settings.events_topic,
-        requests_topic=settings.requests_topic,
-    )
+# librdkafka would print every failed connection attempt to stderr; the commands
+# report what went wrong once, as ``code: message``.
+_QUIET_CLIENT: Mapping[str, Any] = {"log_level": 0}
 
 
 def cmd_migrate(args: argparse.Namespace, out: Output) -> int:
@@ -446,13 +446,16 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     request = WorkflowRunRequest(job_id=_job_id(args.job_id), workflow_name=args.workflow_name)
     request.input.update(json_object(args.input, "--input"))
     check_incoming(request)
-    value = encode_request(request, registry=_registry(settings), topic=settings.requests_topic)
+    value = encode_request(
+        request, registry=settings.open_registry(), topic=settings.requests_topic
+    )
     producer = Producer(
         {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": int(args.timeout * 1000),
+            **_QUIET_CLIENT,
         }
     )
     reports: list[KafkaError | None] = []
@@ -486,7 +489,7 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
 
     settings = _settings()
     decoder = EventDecoder(
-        _registry(settings), topic=settings.events_topic, event_format=settings.event_format
+        settings.open_registry(), topic=settings.events_topic, event_format=settings.event_format
     )
     consumer = Consumer(
         {
@@ -495,20 +498,22 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
             # this id never joins a group: reading moves nobody's offsets.
             "group.id": f"wfjobs-cli-{uuid.uuid4().hex[:12]}",
             "enable.auto.commit": False,
+            **_QUIET_CLIENT,
         }
     )
     start = OFFSET_BEGINNING if args.from_beginning else OFFSET_END
-    consumer.assign(
-        [
-            TopicPartition(settings.events_topic, partition, start)
-            for partition in _partitions(consumer, settings.events_topic)
-        ]
-    )
     seen: set[int] = set()
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    if not out.as_json:
-        out.errors.print(f"[dim]reading {escape(settings.events_topic)}; Ctrl-C to stop[/]")
     try:
+        partitions = _partitions(
+            consumer,
+            settings.events_topic,
+            bootstrap=settings.kafka_bootstrap_servers,
+            timeout_s=min(15.0, args.timeout) if args.timeout else 15.0,
+        )
+        consumer.assign([TopicPartition(settings.events_topic, p, start) for p in partitions])
+        if not out.as_json:
+            out.errors.print(f"[dim]reading {escape(settings.events_topic)}; Ctrl-C to stop[/]")
         while args.max is None or len(seen) < args.max:
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -535,9 +540,18 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _partitions(consumer: Any, topic: str) -> list[int]:
+def _partitions(consumer: Any, topic: str, *, bootstrap: str, timeout_s: float) -> list[int]:
     """Every partition of ``topic``: read them all without joining a consumer group."""
-    metadata = consumer.list_topics(topic, timeout=15).topics.get(topic)
+    from confluent_kafka import KafkaException
+
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        reason = error.str() if hasattr(error, "str") else str(error)
+        raise CliError(
+            "UNAVAILABLE", f"cannot read {topic} from {bootstrap}: {reason} (is Kafka running?)"
+        ) from None
     if metadata is None or metadata.error is not None or not metadata.partitions:
         reason = metadata.error if metadata is not None else "no metadata"
         raise CliError("NOT_FOUND", f"topic {topic} is not readable: {reason}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -17,8 +17,11 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from schemas.contract import api_pb2, to_json
-from store.definitions import StoredDefinition
-from store.runs import Job
+
+if TYPE_CHECKING:
+    # Types only: the CLI imports this module and should not pay for the store's driver.
+    from store.definitions import StoredDefinition
+    from store.runs import Job
 
 JobMessage = api_pb2.Job
 
@@ -97,7 +100,7 @@ def struct_to_dict(value: Struct) -> dict[str, Any]:
     integral values come back as ints and an int64 field of the input type never
     sees "3.0".
     """
-    result: dict[str, Any] = _integral(json_format.MessageToDict(value))
+    result: dict[str, Any] = integral_numbers(json_format.MessageToDict(value))
     return result
 
 
@@ -107,21 +110,23 @@ def message_json(message: Message) -> dict[str, Any]:
     Checkpoints, inputs and results travel as ``Struct``, whose numbers are all
     doubles; without this a token id 17058 would read 17058.0 in every answer.
     """
-    result: dict[str, Any] = _integral(to_json(message))
+    result: dict[str, Any] = integral_numbers(to_json(message))
     return result
 
 
-def _integral(value: Any) -> Any:
+def integral_numbers(value: Any) -> Any:
+    """``value`` with every whole float below 2**53 (exact in a double) as an int."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     if isinstance(value, dict):
-        return {key: _integral(item) for key, item in value.items()}
+        return {key: integral_numbers(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_integral(item) for item in value]
+        return [integral_numbers(item) for item in value]
     return value
 
 
 __all__ = [
+    "integral_numbers",
     "job_message",
     "message_json",
     "status_value",

@@ -20,7 +20,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,13 +41,18 @@ from streams.services import (
     TansuService,
     free_port,
     log_tail,
+    wait_until_ready,
 )
 
 SAMPLE_HANDLERS = "workflows.samples.handlers"
+# What the CLI reaches without configuration: WFJOBS_URL's and
+# KAFKA_BOOTSTRAP_SERVERS's defaults.
+DEFAULT_WEB_PORT = 6066
+DEFAULT_KAFKA_PORT = 9092
 DEFAULT_TOPICS = ("workflow-run-requests", "workflow-run-events", "workflow-run-requests.dlq")
 
 # Variables a worker reads; an inherited one must not leak into a child we configure.
-_OWN_PREFIXES = ("WFJOBS_",)
+_OWN_PREFIXES = ("WFJOBS_", "F_", "FAUST_")
 _OWN_NAMES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
 
 
@@ -107,9 +111,13 @@ class WorkerProcess:
         workdir: Path,
         name: str = "worker",
         loglevel: str = "info",
+        cwd: Path | None = None,
     ) -> None:
+        """``cwd`` (default ``workdir``) is importable in the worker: handler
+        modules named in ``WFJOBS_HANDLERS`` may live there."""
         self._env = dict(env)
         self._workdir = workdir
+        self._cwd = cwd or workdir
         self.name = name
         self._loglevel = loglevel
         self._process: ManagedProcess | None = None
@@ -137,27 +145,23 @@ class WorkerProcess:
         Path(self._env["WFJOBS_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         argv = [_faust_executable(), "-A", "streams.app", "worker", "--loglevel", self._loglevel]
         self._process = ManagedProcess(
-            self.name, argv, log_path=self.log_path, env=self._env, cwd=self._workdir
+            self.name, argv, log_path=self.log_path, env=self._env, cwd=self._cwd
         )
         self.wait_healthy(timeout_s=timeout_s)
 
     def wait_healthy(self, *, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self.exit_code()
-            if code is not None:
-                raise ServiceError(
-                    f"{self.name} exited with code {code} while starting; "
-                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
-                )
-            if self.healthy():
-                return
-            if time.monotonic() > deadline:
-                raise ServiceError(
-                    f"{self.name} did not answer {self.url}/healthz within {timeout_s:.0f}s; "
-                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
-                )
-            time.sleep(0.2)
+        if self._process is None:
+            raise ServiceError(f"{self.name} is not started")
+        wait_until_ready(
+            self.healthy,
+            process=self._process,
+            timeout_s=timeout_s,
+            what=f"{self.name} ({self.url}/healthz)",
+            interval_s=0.2,
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
 
     def healthy(self) -> bool:
         try:
@@ -167,10 +171,15 @@ class WorkerProcess:
             return False
         return isinstance(body, dict) and body.get("status") == "ok"
 
-    def stop(self, *, timeout_s: float = 30.0) -> None:
-        """SIGTERM (Faust's clean shutdown), SIGKILL after ``timeout_s``; idempotent."""
-        if self._process is not None:
-            self._process.stop(timeout_s=timeout_s)
+    def stop(self, *, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM (Faust's clean shutdown), SIGKILL after ``timeout_s``; idempotent.
+
+        Returns the exit code (``None`` if it was never started).
+        """
+        if self._process is None:
+            return None
+        self._process.stop(timeout_s=timeout_s)
+        return self._process.exit_code()
 
     def kill(self) -> None:
         """SIGKILL now: the crash a lease exists for."""
@@ -206,12 +215,16 @@ class DevStack:
     def __init__(
         self,
         *,
-        web_port: int = 6066,
+        web_port: int = DEFAULT_WEB_PORT,
+        kafka_port: int | None = DEFAULT_KAFKA_PORT,
         workdir: Path | None = None,
         handlers: Sequence[str] = (SAMPLE_HANDLERS,),
         worker_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``web_port`` and ``kafka_port`` are preferred, not required: a taken
+        one is replaced by a free port (``kafka_port=None`` always takes one)."""
         self._requested_port = web_port
+        self._requested_kafka_port = kafka_port
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="wfjobs-dev-"))
         self._handlers = tuple(handlers)
@@ -221,6 +234,7 @@ class DevStack:
         self.database_url = ""
         self.worker: WorkerProcess | None = None
         self.port_was_taken = False
+        self.kafka_port_was_taken = False
 
     @property
     def bootstrap_servers(self) -> str:
@@ -241,6 +255,12 @@ class DevStack:
             self.postgres.start()
             self.database_url = self.postgres.create_database("wfjobs_dev")
             asyncio.run(migrate(self.database_url))
+            kafka_port = self._requested_kafka_port
+            if kafka_port is not None and not _port_free(kafka_port):
+                kafka_port, self.kafka_port_was_taken = None, True
+            # The CLI's defaults (KAFKA_BOOTSTRAP_SERVERS, WFJOBS_URL) point at
+            # these ports, so the README's commands work without any exports.
+            self.tansu = TansuService(port=kafka_port)
             self.tansu.start()
             ensure_topics(self.bootstrap_servers, DEFAULT_TOPICS)
             port = self._requested_port
@@ -320,7 +340,10 @@ Ctrl-C stops the worker, Tansu and Postgres."""
 
 
 def run_dev_stack(
-    *, web_port: int = 6066, workdir: Path | None = None, console: Console | None = None
+    *,
+    web_port: int = DEFAULT_WEB_PORT,
+    workdir: Path | None = None,
+    console: Console | None = None,
 ) -> int:
     """``wfjobs dev``: start everything, print what to do next, run until Ctrl-C."""
     console = console or Console()
@@ -336,6 +359,13 @@ def run_dev_stack(
             stack.start()
         if stack.port_was_taken:
             console.print(f"[yellow]port {web_port} is taken; the API is on {stack.url}[/]")
+        if stack.kafka_port_was_taken:
+            console.print(
+                f"[yellow]port {DEFAULT_KAFKA_PORT} is taken; Tansu is on "
+                f"{stack.bootstrap_servers}[/]"
+            )
+        if stack.port_was_taken or stack.kafka_port_was_taken:
+            console.print("[yellow]export the variables below before using wfjobs[/]")
         console.print(next_steps(stack))
         assert stack.worker is not None
         while not stop.wait(0.5):

@@ -11,9 +11,10 @@ Per-job order: one job's rows come in id order within a batch, they share a key
 and so a partition, and the producer is idempotent with at most five requests in
 flight, which is what keeps librdkafka's retries from reordering a partition.
 
-The loop sleeps ``interval_s`` when idle and wakes early on the outbox NOTIFY
-channel. Delivery reports are awaited in a worker thread, so the event loop keeps
-serving the rest of the process while the broker answers.
+The loop sleeps ``interval_s`` when idle and wakes early when ``wake`` is set:
+the process's shared LISTEN connection (``streams.listener``) sets it on every
+outbox NOTIFY. Delivery reports are awaited in a worker thread, so the event
+loop keeps serving the rest of the process while the broker answers.
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from schemas.contract import with_event_id
-from schemas.serde import EventSerializer, event_serializer, open_registry
-from store.channels import OUTBOX_CHANNEL
+from schemas.serde import EventSerializer, event_serializer
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ class RelayStats:
 
 
 class OutboxRelay:
-    """One relay: a producer, a loop over ``Outbox.relay_batch`` and a LISTEN wake-up.
+    """One relay: a producer and a loop over ``Outbox.relay_batch``, woken by ``wake``.
 
     ``start()`` runs it as a task on the current loop and ``stop()`` ends it,
     flushing the producer; ``run_until_stopped()`` is the same loop for callers
@@ -109,7 +108,7 @@ class OutboxRelay:
         serializer: EventSerializer,
         interval_s: float = 0.5,
         batch: int = 100,
-        listen_dsn: str | None = None,
+        wake: asyncio.Event | None = None,
         name: str = "relay",
     ) -> None:
         if batch <= 0 or interval_s <= 0:
@@ -120,7 +119,6 @@ class OutboxRelay:
         self._serializer = serializer
         self._interval_s = interval_s
         self._batch = batch
-        self._listen_dsn = listen_dsn
         self._name = name
         timeout_ms = int(
             self._producer_config.get("message.timeout.ms", DEFAULT_MESSAGE_TIMEOUT_MS)
@@ -131,10 +129,9 @@ class OutboxRelay:
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._prepared = False
-        self._wake = asyncio.Event()
+        self._wake = wake if wake is not None else asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
         self.stats = RelayStats()
 
     # -- lifecycle
@@ -142,6 +139,10 @@ class OutboxRelay:
     @property
     def topic(self) -> str:
         return self._topic
+
+    @property
+    def serializer(self) -> EventSerializer:
+        return self._serializer
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
@@ -167,10 +168,6 @@ class OutboxRelay:
         self._wake.set()
 
     async def run_until_stopped(self) -> None:
-        if self._listen_dsn:
-            self._listener = asyncio.get_running_loop().create_task(
-                self._listen(self._listen_dsn), name=f"outbox-{self._name}-listen"
-            )
         log.info("%s: publishing to %s", self._name, self._topic)
         failures = 0
         try:
@@ -199,11 +196,6 @@ class OutboxRelay:
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
 
     async def _close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
-            self._listener = None
         producer, self._producer = self._producer, None
         if producer is not None:
             # Every pass already waited for its reports; this only covers a pass
@@ -211,23 +203,6 @@ class OutboxRelay:
             remaining = await asyncio.to_thread(producer.flush, self._flush_timeout_s)
             if remaining:
                 log.warning("%s: %d message(s) unflushed at shutdown", self._name, remaining)
-
-    async def _listen(self, dsn: str) -> None:
-        """LISTEN on the outbox channel and turn every notification into a wake-up."""
-        while not self._stopping.is_set():
-            try:
-                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
-                    # Rows written while we were not listening are not announced.
-                    self._wake.set()
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Polling still works without notifications; retry quietly.
-                log.warning("%s: LISTEN %s failed: %s", self._name, OUTBOX_CHANNEL, exc)
-                await asyncio.sleep(max(self._interval_s, 1.0))
 
     # -- one pass
 
@@ -350,21 +325,15 @@ def build_relay(
     settings: Settings,
     outbox: RelayOutbox,
     *,
+    wake: asyncio.Event | None = None,
     producer_overrides: Mapping[str, Any] | None = None,
     name: str | None = None,
 ) -> OutboxRelay:
     """The relay the settings describe: registry and format, topic, interval, batch."""
-    registry = (
-        open_registry(
-            settings.schema_registry_url,
-            events_topic=settings.events_topic,
-            requests_topic=settings.requests_topic,
-        )
-        if settings.schema_registry_url
-        else None
-    )
     serializer = event_serializer(
-        registry=registry, topic=settings.events_topic, event_format=settings.event_format
+        registry=settings.open_registry(),
+        topic=settings.events_topic,
+        event_format=settings.event_format,
     )
     return OutboxRelay(
         outbox,
@@ -373,7 +342,7 @@ def build_relay(
         serializer=serializer,
         interval_s=settings.relay_interval_s,
         batch=settings.relay_batch,
-        listen_dsn=settings.database_url or None,
+        wake=wake,
         name=name or f"relay-{settings.worker_id or 'anonymous'}",
     )
 

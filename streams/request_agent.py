@@ -15,10 +15,12 @@ The offset is acknowledged only once that outcome is durable (the row
 committed, or the dead letter acknowledged by the broker). When the store, the
 registry or the broker cannot be reached the agent retries the same message in
 place, with growing pauses, rather than skipping it; a crash meanwhile replays
-the message, which the idempotent submit absorbs. A message that keeps hitting
-an unexpected error (a defect of this process, not an outage) is dead-lettered
-after a few tries with that error as the reason, so it cannot stall its
-partition forever.
+the message, which the idempotent submit absorbs. A backlog of QUEUED jobs at
+``WFJOBS_MAX_QUEUED_JOBS`` is waited out the same way: the request stays on
+the topic until there is room (back-pressure, see ``streams.admission``). A
+message that keeps hitting an unexpected error (a defect of this process, not
+an outage) is dead-lettered after a few tries with that error as the reason, so
+it cannot stall its partition forever.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import psycopg
 import psycopg_pool
 
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import InvalidArgument, NotFound, Unavailable
-from schemas.serde import RequestDecoder, UndecodableMessage, open_registry
+from schemas.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from schemas.serde import RequestDecoder, UndecodableMessage
 from streams.convert import struct_to_dict
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     psycopg_pool.PoolTimeout,
     psycopg_pool.PoolClosed,
     Unavailable,
+    ResourceExhausted,
     OSError,
     asyncio.TimeoutError,
 )
@@ -127,6 +130,10 @@ class RequestHandler:
             # A known workflow that cannot take this request: the producer's
             # mistake or a broken stored definition, recorded where it is seen.
             return await self._failed(job_id, name, input_, exc.message)
+        # A full backlog raises ResourceExhausted, which the caller waits out
+        # like an outage: the request stays on the topic until there is room.
+        if await self._runtime.admit(job_id) is not None:
+            return Outcome("existing", job_id)
         result = await runs.submit(
             job_id=job_id,
             workflow_name=name,
@@ -134,6 +141,8 @@ class RequestHandler:
             definition_hash=compiled.definition_hash,
             input=normalized,
         )
+        if result.created:
+            self._runtime.admission.admitted()
         return Outcome("submitted" if result.created else "existing", job_id)
 
     async def _failed(
@@ -212,16 +221,7 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
         allow_empty=True,
         **declared,
     )
-    registry = (
-        open_registry(
-            settings.schema_registry_url,
-            events_topic=settings.events_topic,
-            requests_topic=settings.requests_topic,
-        )
-        if settings.schema_registry_url
-        else None
-    )
-    decoder = RequestDecoder(registry, topic=settings.requests_topic)
+    decoder = RequestDecoder(settings.open_registry(), topic=settings.requests_topic)
 
     async def dead_letter(key: bytes | None, value: bytes | None, reason: str) -> None:
         # Waits for the broker's acknowledgement: the request's own offset must

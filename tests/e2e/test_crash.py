@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import PARTITIONS
@@ -16,9 +15,7 @@ async def test_kill_9_mid_step_resumes_on_another_worker_without_rerunning(stack
     # w1 answers the embed step only after two minutes: it is killed long before.
     first = await stack.start_worker("w1", WFJOBS_E2E_SLOW_METHOD=EMBED, WFJOBS_E2E_SLOW_S="120")
     workflow = envelope(name="e2e-crash", review="invoke")
-    async with httpx.AsyncClient(base_url=first.url, timeout=10) as http:
-        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-        assert put.status_code == 200, put.text
+    await stack.put_workflow(first, workflow)
     job_id = stack.produce_request(workflow["name"], {"text": "survive a crash"})
     stack.flush()
 

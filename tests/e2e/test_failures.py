@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import PARTITIONS
@@ -12,16 +11,10 @@ from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, envelope
 pytestmark = pytest.mark.e2e
 
 
-async def _store(stack: Stack, url: str, workflow: dict[str, object]) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-        assert put.status_code == 200, put.text
-
-
 async def test_unavailable_once_then_success_runs_earlier_steps_once(stack: Stack) -> None:
     worker = await stack.start_worker("w1")
     workflow = envelope(name="e2e-auto", review="invoke")
-    await _store(stack, worker.url, workflow)
+    await stack.put_workflow(worker, workflow)
 
     job_id = stack.produce_request(
         workflow["name"], {"text": "try again", "embed_fail": "UNAVAILABLE@1"}
@@ -46,7 +39,7 @@ async def test_always_unavailable_lands_dead_with_the_error_verbatim(stack: Stac
     worker = await stack.start_worker("w1")
     reader = stack.event_reader(PARTITIONS)
     workflow = envelope(name="e2e-auto", review="invoke")
-    await _store(stack, worker.url, workflow)
+    await stack.put_workflow(worker, workflow)
 
     job_id = stack.produce_request(workflow["name"], {"text": "never", "embed_fail": "UNAVAILABLE"})
     stack.flush()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
-import httpx
 import pytest
 
 from schemas.contract import WorkflowRunEvent
@@ -29,9 +28,7 @@ async def test_two_workers_two_hundred_jobs(stack: Stack) -> None:
     first = await stack.start_worker("w1")
     second = await stack.start_worker("w2")
     workflow = envelope(name="e2e-fleet", review="invoke")
-    async with httpx.AsyncClient(base_url=first.url, timeout=10) as http:
-        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-        assert put.status_code == 200, put.text
+    await stack.put_workflow(first, workflow)
 
     # A few milliseconds per tokenize call keeps both workers' loops busy.
     job_ids = [

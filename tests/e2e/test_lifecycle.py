@@ -16,6 +16,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from schemas.contract import WorkflowRunEvent
+from schemas.serde import ProtobufFramer, framed_schema_id
 from streams.convert import struct_to_dict
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import Stack, dedupe, type_name
@@ -28,10 +30,8 @@ async def test_request_to_waiting_then_complete_step_to_completed(stack: Stack) 
     worker = await stack.start_worker("w1")
     reader = stack.event_reader(PARTITIONS)
     workflow = envelope(name="e2e-review")
+    await stack.put_workflow(worker, workflow)
     async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
-        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-        assert put.status_code == 200, put.text
-
         job_id = stack.produce_request(workflow["name"], {"text": "durable jobs tell kafka"})
         stack.flush()
 
@@ -74,6 +74,13 @@ async def test_request_to_waiting_then_complete_step_to_completed(stack: Stack) 
         ]
         done_event = events[-1]
         assert done_event.verdict == "completed 3 steps: tokenize, embed, review"
+        # Every value was framed through the registry (magic byte, then the id
+        # the registry gives WorkflowRunEvent's Protobuf schema), not sent plain.
+        framer = ProtobufFramer(WorkflowRunEvent, stack.registry, stack.events_topic)
+        framer.prepare()
+        assert {framed_schema_id(value) for value in reader.values_for(job_id)} == {
+            framer.schema_id
+        }
 
         final = (await http.get(f"/v1/workflow-runs/{job_id}")).json()["job"]
         assert final["status"] == "COMPLETED"

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
-import httpx
 import pytest
 
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
 from streams.request_agent import DLQ_REASON_HEADER
 from tests.e2e.conftest import PARTITIONS
-from tests.e2e.harness import Stack, dedupe, read_dlq, type_name
+from tests.e2e.harness import Stack, dedupe, read_dlq, type_name, wait_until
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.e2e
 async def test_garbage_bad_uuid_and_unknown_workflow_do_not_stall_the_agent(stack: Stack) -> None:
     worker = await stack.start_worker("w1")
     workflow = envelope(name="e2e-auto", review="invoke")
-    async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
-        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-        assert put.status_code == 200, put.text
+    await stack.put_workflow(worker, workflow)
 
     # One key for all four, so they share a partition and arrive in this order.
     key = b"one-partition"
@@ -86,3 +84,38 @@ async def test_garbage_bad_uuid_and_unknown_workflow_do_not_stall_the_agent(stac
         "STEP_CHECKPOINT",
         "COMPLETED",
     ]
+
+
+async def test_the_offset_moves_only_after_the_row_commits(stack: Stack) -> None:
+    first = await stack.start_worker("w1")
+    workflow = envelope(name="e2e-auto", review="invoke")
+    await stack.put_workflow(first, workflow)
+
+    async with stack.pool.connection() as lock, lock.transaction():
+        # Nothing can write a job row while this transaction holds the table.
+        await lock.execute("LOCK TABLE workflow_run IN ACCESS EXCLUSIVE MODE")
+        job_id = stack.produce_request(workflow["name"], {"text": "wait for the row"})
+        stack.flush()
+
+        async def inserting() -> bool | None:
+            # Another connection: inside a transaction pg_stat_activity is a snapshot.
+            async with stack.pool.connection() as conn:
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    ("%INSERT INTO workflow_run %",),
+                )
+                row = await cursor.fetchone()
+            return True if row is not None and row[0] > 0 else None
+
+        # The agent has the request and waits on the insert.
+        await wait_until(inserting, timeout_s=30, interval_s=0.2)
+        # A clean stop: the consumer commits what it acknowledged and leaves the group.
+        await asyncio.to_thread(first.stop, timeout_s=30)
+
+    # Same group: it starts from the committed offset, so it only sees the
+    # request again if that offset never moved past it.
+    await stack.start_worker("w2")
+    job = await stack.wait_for_job(job_id, {"COMPLETED", "FAILED", "DEAD"}, timeout_s=60)
+    assert job.status == "COMPLETED", job
+    assert job.lease_owner == "w2"

@@ -1,13 +1,18 @@
 """The ``make dev`` path: embedded Postgres + Tansu + a real worker process.
 
 The stack is the one ``wfjobs dev`` starts (:class:`streams.devstack.DevStack`),
-and the job is driven the way the README walks through it, with the ``wfjobs``
-commands: submit, get (WAITING on review), complete, get (COMPLETED), events.
+and the job is driven by the README's own walk-through: every ``$ wfjobs ...``
+line of "Five minutes with the sample workflow" is read from the README and run
+as written, in order, with the job id the submit printed in place of
+``<job-id>``. The stack runs on free ports, so the environment holds the
+exports ``wfjobs dev`` prints when its default ports are taken.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,105 +23,149 @@ import pytest
 
 from streams import cli
 from streams.devstack import DevStack
-from streams.services import free_port
-from workflows.samples import SAMPLE_INPUT, SAMPLE_REVIEW, SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
+from streams.services import TansuService, free_port
+from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
 
 pytestmark = [pytest.mark.tansu, pytest.mark.e2e]
 
+README = Path(__file__).resolve().parents[3] / "README.md"
+JOB_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def walkthrough_commands() -> list[list[str]]:
+    """The ``$ wfjobs`` lines of the README's walk-through, split as a shell would,
+    without the program name."""
+    text = README.read_text()
+    start = text.index("## Five minutes with the sample workflow")
+    section = text[start : text.index("\n## ", start + 1)]
+    commands = []
+    for line in section.splitlines():
+        if line.startswith("$ wfjobs "):
+            commands.append(shlex.split(line.removeprefix("$ wfjobs "), comments=True))
+    return commands
+
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[DevStack]:
-    with DevStack(web_port=free_port(), workdir=tmp_path / "dev") as running:
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DevStack]:
+    with DevStack(web_port=free_port(), kafka_port=None, workdir=tmp_path / "dev") as running:
+        monkeypatch.setenv("WFJOBS_URL", running.url)
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", running.bootstrap_servers)
+        monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
         yield running
 
 
-def wfjobs(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
-    """Run one ``wfjobs --json`` command in-process and parse what it printed."""
+def wfjobs(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run one command in-process, as typed; what it printed to stdout."""
     capsys.readouterr()
-    code = cli.main(["--json", *argv])
+    code = cli.main(argv)
     captured = capsys.readouterr()
-    assert code == 0, f"wfjobs {' '.join(argv)} exited {code}: {captured.err}"
-    return json.loads(captured.out)
+    assert code == 0, f"wfjobs {shlex.join(argv)} exited {code}: {captured.err}"
+    return captured.out
+
+
+def job(capsys: pytest.CaptureFixture[str], job_id: str) -> dict[str, Any]:
+    """The job as get-job answers it; empty while it does not exist yet."""
+    capsys.readouterr()
+    code = cli.main(["--json", "get", job_id])
+    captured = capsys.readouterr()
+    if code != 0:
+        assert "NOT_FOUND" in captured.err, captured.err
+        return {}
+    answer: dict[str, Any] = json.loads(captured.out)["job"]
+    return answer
 
 
 def wait_for_status(
-    capsys: pytest.CaptureFixture[str], url: str, job_id: str, status: str, timeout_s: float = 60
+    capsys: pytest.CaptureFixture[str], job_id: str, status: str, timeout_s: float = 60
 ) -> dict[str, Any]:
+    """The "within a moment" of the README: until the job has that status."""
     deadline = time.monotonic() + timeout_s
     while True:
-        job: dict[str, Any] = wfjobs(capsys, "--url", url, "get", job_id)["job"]
-        if job.get("status") == status:
-            return job
-        assert job.get("status") not in {"FAILED", "DEAD"}, job
-        assert time.monotonic() < deadline, f"job stayed {job.get('status')}: {job}"
+        found = job(capsys, job_id)
+        if found.get("status") == status:
+            return found
+        assert found.get("status") not in {"FAILED", "DEAD"}, found
+        assert time.monotonic() < deadline, f"job {job_id} is not {status}: {found}"
         time.sleep(0.2)
 
 
-def test_sample_workflow_runs_to_completed_on_tansu(
-    stack: DevStack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_the_readme_walkthrough_runs_the_sample_to_completed(
+    stack: DevStack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = stack.url
-    stored = wfjobs(capsys, "--url", url, "workflows", "list")["workflows"]
+    stored = json.loads(wfjobs(capsys, ["--json", "workflows", "list"]))["workflows"]
     assert [workflow["name"] for workflow in stored] == [SAMPLE_WORKFLOW_NAME]
     # The README's file, stored again by hand: the same definition, accepted as is.
-    again = wfjobs(capsys, "--url", url, "workflows", "put", str(WORKFLOW_FILE))
-    assert again["workflow"]["name"] == SAMPLE_WORKFLOW_NAME
+    wfjobs(capsys, ["workflows", "put", str(WORKFLOW_FILE)])
 
-    job_id = str(uuid.uuid4())
-    submitted = wfjobs(
-        capsys,
-        "--url",
-        url,
+    commands = walkthrough_commands()
+    assert [argv[0] for argv in commands] == [
         "submit",
-        "--workflow-name",
-        SAMPLE_WORKFLOW_NAME,
-        "--input",
-        json.dumps(SAMPLE_INPUT),
-        "--job-id",
-        job_id,
-    )
-    assert submitted["job"]["job_id"] == job_id
-
-    waiting = wait_for_status(capsys, url, job_id, "WAITING")
-    assert waiting["outstanding_step"] == "review"
-    assert [entry["name"] for entry in waiting["checkpoints"]] == ["tokenize", "embed"]
-
-    answer = wfjobs(
-        capsys, "--url", url, "complete", job_id, "review", "--response", json.dumps(SAMPLE_REVIEW)
-    )
-    assert answer["outcome"] == "COMPLETED"
-
-    done = wait_for_status(capsys, url, job_id, "COMPLETED")
-    assert [entry["name"] for entry in done["checkpoints"]] == ["tokenize", "embed", "review"]
-    assert done["verdict"]
-    assert done["result"]["approved"] is True
-    assert done["result"]["dimensions"] == 8
-    listed = wfjobs(capsys, "--url", url, "list", "--status", "COMPLETED")["jobs"]
-    assert [job["job_id"] for job in listed] == [job_id]
-
-    # The events, as `wfjobs events` reads them from Tansu: plain Protobuf, no registry.
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", stack.bootstrap_servers)
-    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
-    deadline = time.monotonic() + 60
-    events: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        capsys.readouterr()
-        code = cli.main(["--json", "events", "--from-beginning", "--max", "6", "--timeout", "20"])
-        assert code == 0
-        lines = capsys.readouterr().out.splitlines()
-        events = [json.loads(line) for line in lines if line.strip()]
-        if len(events) == 6:
-            break
-    ours = [event for event in events if event["job_id"] == job_id]
-    assert [event["type"] for event in ours] == [
-        "TYPE_ACCEPTED",
-        "TYPE_STEP_CHECKPOINT",
-        "TYPE_STEP_CHECKPOINT",
-        "TYPE_WAITING",
-        "TYPE_STEP_CHECKPOINT",
-        "TYPE_COMPLETED",
+        "list",
+        "get",
+        "complete",
+        "get",
+        "events",
+        "produce",
+        "list",
     ]
-    assert ours[-1]["verdict"] == done["verdict"]
-    assert [int(event["event_id"]) for event in ours] == sorted(
-        int(event["event_id"]) for event in ours
-    )
+    submit, listing, get_waiting, complete, get_done, events, produce, waiting = commands
+
+    out = wfjobs(capsys, submit)
+    match = JOB_ID.search(out)
+    assert match is not None and "submitted" in out, out
+    job_id = match.group(0)
+
+    def typed(argv: list[str]) -> list[str]:
+        return [job_id if arg == "<job-id>" else arg for arg in argv]
+
+    parked = wait_for_status(capsys, job_id, "WAITING")
+    assert parked["outstanding_step"] == "review"
+    assert [entry["name"] for entry in parked["checkpoints"]] == ["tokenize", "embed"]
+    assert job_id in wfjobs(capsys, typed(listing))
+    out = wfjobs(capsys, typed(get_waiting))
+    assert "WAITING" in out and "review" in out
+
+    out = wfjobs(capsys, typed(complete))
+    assert "COMPLETED" in out
+    done = wait_for_status(capsys, job_id, "COMPLETED")
+    assert [entry["name"] for entry in done["checkpoints"]] == ["tokenize", "embed", "review"]
+    assert done["verdict"] == "completed 3 steps: tokenize, embed, review"
+    assert done["result"]["approved"] is True and done["result"]["dimensions"] == 8
+    out = wfjobs(capsys, typed(get_done))
+    assert "COMPLETED" in out and done["verdict"] in out
+    # "A second complete for the same step answers ALREADY_DONE."
+    assert "ALREADY_DONE" in wfjobs(capsys, typed(complete))
+
+    # The events, read from Tansu as plain Protobuf: every commit point once.
+    kinds: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(kinds) < 6 and time.monotonic() < deadline:
+        out = wfjobs(capsys, typed(events))
+        kinds = [
+            line.split()[1] for line in out.splitlines() if job_id in line and len(line.split()) > 1
+        ]
+    assert kinds == [
+        "ACCEPTED",
+        "STEP_CHECKPOINT",
+        "STEP_CHECKPOINT",
+        "WAITING",
+        "STEP_CHECKPOINT",
+        "COMPLETED",
+    ]
+
+    # The same job through Kafka: it parks like the first one.
+    out = wfjobs(capsys, typed(produce))
+    match = JOB_ID.search(out)
+    assert match is not None, out
+    produced = match.group(0)
+    uuid.UUID(produced)
+    wait_for_status(capsys, produced, "WAITING")
+    out = wfjobs(capsys, typed(waiting))
+    assert produced in out and job_id not in out
+
+
+def test_tansu_takes_the_port_it_is_given() -> None:
+    # What lets `make dev` sit on KAFKA_BOOTSTRAP_SERVERS's default, 127.0.0.1:9092.
+    port = free_port()
+    with TansuService(port=port) as broker:
+        assert broker.bootstrap_servers == f"127.0.0.1:{port}"

@@ -25,9 +25,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
 from store import Outbox, RunStore, migrate, open_pool
+from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.pool import Pool
 from store.runs import Lease
-from streams.relay import OutboxRelay, producer_config
+from streams.listener import Listener
+from streams.relay import OutboxRelay, Publish, producer_config
 from streams.services import free_port
 
 pytestmark = pytest.mark.kafka
@@ -66,9 +68,9 @@ def make_relay(
     *,
     batch: int = 100,
     interval_s: float = 0.05,
-    listen: bool = False,
     overrides: dict[str, Any] | None = None,
     name: str = "relay",
+    wake: asyncio.Event | None = None,
 ) -> OutboxRelay:
     return OutboxRelay(
         store.outbox,
@@ -77,7 +79,7 @@ def make_relay(
         serializer=serializer,
         interval_s=interval_s,
         batch=batch,
-        listen_dsn=store.dsn if listen else None,
+        wake=wake,
         name=name,
     )
 
@@ -375,17 +377,65 @@ async def test_two_relays_keep_each_jobs_commit_order(
 # --------------------------------------------------------------------------- loop
 
 
+class SlowPass:
+    """The real outbox, with a pause at the start of every publish.
+
+    It marks when a pass is in flight, so a test can stop the relay right there.
+    """
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self.in_flight = asyncio.Event()
+
+    async def relay_batch(self, publish: Publish, limit: int = 100) -> object:
+        async def slow(rows: list[Any]) -> list[str | None]:
+            self.in_flight.set()
+            await asyncio.sleep(0.3)
+            return await publish(rows)
+
+        return await self._outbox.relay_batch(slow, limit)
+
+
+async def test_stop_finishes_the_pass_in_flight_and_flushes(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    jobs = [await run_job(store, steps=1) for _ in range(5)]
+    slow = SlowPass(store.outbox)
+    relay = OutboxRelay(
+        slow,
+        producer_config=producer_config(kafka_bootstrap),
+        topic=topic,
+        serializer=event_serializer(registry=None, topic=topic),
+        interval_s=60.0,
+    )
+    relay.start()
+    await asyncio.wait_for(slow.in_flight.wait(), timeout=30)
+    await relay.stop()
+
+    # Stopping did not cut the pass short: every row it held is acked and marked.
+    assert await store.outbox.pending_count() == 0
+    for job_id in jobs:
+        assert {r.status for r in await store.outbox.events_for(job_id)} == {"PUBLISHED"}
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 15)
+    assert len(messages) == 15
+    assert relay.stats.published == 15
+
+
 async def test_notify_wakes_an_idle_relay(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(kafka_bootstrap)
+    # The process's shared LISTEN connection, as the runtime wires it.
+    listener = Listener(store.dsn, JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL)
+    listener.start()
     relay = make_relay(
         store,
         kafka_bootstrap,
         topic,
         event_serializer(registry=None, topic=topic),
         interval_s=60.0,
-        listen=True,
+        wake=listener.subscribe(OUTBOX_CHANNEL),
     )
     relay.start()
     try:
@@ -398,5 +448,6 @@ async def test_notify_wakes_an_idle_relay(
             await asyncio.sleep(0.05)
     finally:
         await relay.stop()
+        await listener.stop()
     messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 1)
     assert EventDecoder().decode(messages[0].value()).job_id == str(job_id)

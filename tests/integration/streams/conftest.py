@@ -18,7 +18,7 @@ from store.migrate import migrate
 from streams.app import create_app
 from streams.runtime import Runtime
 from streams.settings import Settings
-from tests.workflows_fixtures import make_registry
+from tests.workflows_fixtures import envelope, make_registry, tokenize_ids
 
 
 @pytest.fixture
@@ -46,3 +46,46 @@ async def serve(env: Mapping[str, str]) -> AsyncIterator[tuple[TestClient[Any, A
     finally:
         await client.close()
         await runtime.stop()
+
+
+# The stored workflow the verb tests use: tokenize, embed, then an external review.
+WEB_WORKFLOW = envelope(name="web-review")
+
+
+async def put_workflow(
+    client: TestClient[Any, Any], workflow: Mapping[str, Any] = WEB_WORKFLOW
+) -> None:
+    response = await client.put(
+        f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
+    )
+    assert response.status == 200, await response.text()
+
+
+async def parked_job(client: TestClient[Any, Any], runtime: Runtime, text: str) -> str:
+    """A job WAITING on its review step, driven through the store as a worker would.
+
+    It must be the only QUEUED job: the claim here takes the oldest.
+    """
+    response = await client.post(
+        "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": text}}
+    )
+    assert response.status == 201, await response.text()
+    job_id: str = (await response.json())["job"]["job_id"]
+    runs = runtime.require_runs()
+    claimed = await runs.claim("web-test")
+    assert claimed is not None and str(claimed.job_id) == job_id
+    ids = tokenize_ids(text)
+    await runs.checkpoint(
+        claimed.lease,
+        {"name": "tokenize", "skipped": False, "response": {"ids": ids, "count": len(ids)}},
+    )
+    await runs.checkpoint(
+        claimed.lease,
+        {
+            "name": "embed",
+            "skipped": False,
+            "response": {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4},
+        },
+    )
+    await runs.park(claimed.lease, "review")
+    return job_id

@@ -252,7 +252,9 @@ async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
 async def test_notify_wakes_an_idle_claimer_before_its_poll(harness: Harness, dsn: str) -> None:
     listener = Listener(dsn, JOBS_QUEUED_CHANNEL)
     listener.start()
-    loops = harness.loops(loops=1, poll_interval_s=30.0, wake=listener.subscribe())
+    loops = harness.loops(
+        loops=1, poll_interval_s=30.0, wake=listener.subscribe(JOBS_QUEUED_CHANNEL)
+    )
     loops.start()
     try:
         await asyncio.sleep(0.5)  # the claimer has found nothing and is waiting
@@ -283,3 +285,27 @@ async def test_the_sweeper_requeues_an_expired_lease(harness: Harness, pool: Poo
         await sweeper.stop()
     assert sweeper.requeued == 1
     assert job.error is not None and "gone-worker" in job.error
+
+
+async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
+    # A one-second lease, a step of two and a half, and a sweeper looking ten
+    # times a second: only the heartbeat keeps the job with its worker.
+    calls = CallLog()
+    harness = Harness(RunStore(pool, retry_base_s=0.05, lease_s=1.0), make_registry(calls), calls)
+    job_id = await harness.submit(
+        envelope(name="long", review="invoke"), {"text": "long step", "delay_ms": 2500}
+    )
+    sweeper = Sweeper(harness.runs, interval_s=0.1)
+    loops = harness.loops(loops=1, heartbeat_s=0.25)
+    sweeper.start()
+    loops.start()
+    try:
+        job = await harness.wait_status(job_id, "COMPLETED", "FAILED", "DEAD", timeout_s=15)
+    finally:
+        await loops.stop(grace_s=1)
+        await sweeper.stop()
+    assert job.status == "COMPLETED", job
+    assert job.attempt == 1 and job.lease_owner == "w-test"
+    assert sweeper.sweeps > 10 and sweeper.requeued == 0
+    assert loops.stats.lease_lost == 0
+    assert calls[TOKENIZE] == 1

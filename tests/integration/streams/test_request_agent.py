@@ -6,6 +6,7 @@ the end-to-end tests run it against a real broker.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 from schemas.contract import WorkflowRunRequest
+from schemas.errors import ResourceExhausted
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
 from streams.request_agent import RequestHandler, handle_until_done
@@ -146,3 +148,43 @@ async def test_a_persistent_defect_dead_letters_the_message(
     assert letters.sent == [
         (b"k", b"v", "internal error while handling the request: TypeError: a bug, not an outage")
     ]
+
+
+async def test_a_full_backlog_holds_requests_back_until_there_is_room(
+    dsn: str, letters: Letters
+) -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": dsn,
+            "WFJOBS_ROLES": "api",
+            "WFJOBS_WORKER_ID": "agent-test",
+            "WFJOBS_MAX_QUEUED_JOBS": "1",
+        }
+    )
+    runtime = Runtime(settings, registry=make_registry())
+    await runtime.start()
+    try:
+        await runtime.require_definitions().put("stored", envelope(name="stored"))
+        handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
+        first, second = str(uuid.uuid4()), str(uuid.uuid4())
+        assert (await handler.handle(None, request(first))).kind == "submitted"
+
+        # One attempt refuses; a replay of the admitted request is still absorbed.
+        with pytest.raises(ResourceExhausted):
+            await handler.handle(None, request(second))
+        assert (await handler.handle(None, request(first))).kind == "existing"
+
+        # The agent's loop waits (the offset does not move) until a worker
+        # takes the queued job, then submits.
+        waiting = asyncio.create_task(
+            handle_until_done(handler, None, request(second), base_s=0.05, cap_s=0.2)
+        )
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        assert await runtime.require_runs().claim("agent-test") is not None
+        outcome = await asyncio.wait_for(waiting, timeout=5)
+        assert outcome.kind == "submitted"
+        assert (await runtime.require_runs().get(second)).status == "QUEUED"
+        assert letters.sent == []
+    finally:
+        await runtime.stop()

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
-from store.runs import RunStore
-from streams.runtime import Runtime
-from tests.integration.streams.conftest import serve
-from tests.workflows_fixtures import envelope, tokenize_ids
+from tests.integration.streams.conftest import WEB_WORKFLOW as WORKFLOW
+from tests.integration.streams.conftest import parked_job, put_workflow, serve
+from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.asyncio
-
-WORKFLOW = envelope(name="web-review")
 
 
 async def _json(response: Any) -> dict[str, Any]:
@@ -225,15 +222,10 @@ async def test_bodies_above_the_limit_are_refused_with_413(dsn: str) -> None:
 # ---------------------------------------------------------------------- happy paths
 
 
-async def _put(client: TestClient[Any, Any], workflow: dict[str, Any] = WORKFLOW) -> None:
-    response = await client.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
-    assert response.status == 200, await response.text()
-
-
 async def test_stored_workflows_put_get_list(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, _):
         await _error(await client.get("/v1/workflows/web-review"), 404, "NOT_FOUND")
-        await _put(client)
+        await put_workflow(client)
         stored = (await _json(await client.get("/v1/workflows/web-review")))["workflow"]
         assert stored["name"] == "web-review"
         assert stored["definition"] == WORKFLOW
@@ -243,7 +235,7 @@ async def test_stored_workflows_put_get_list(dsn: str) -> None:
 
 async def test_submit_get_and_list_jobs(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, _):
-        await _put(client)
+        await put_workflow(client)
         job_id = str(uuid.uuid4())
         body = {"job_id": job_id, "workflow_name": "web-review", "input": {"text": "a b"}}
         first = await client.post("/v1/workflow-runs", json=body)
@@ -294,36 +286,10 @@ async def test_submit_get_and_list_jobs(dsn: str) -> None:
         assert by_status == {}
 
 
-async def _parked_job(client: TestClient[Any, Any], runtime: Runtime, text: str) -> str:
-    """A job WAITING on its review step, driven through the store as a worker would."""
-    response = await client.post(
-        "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": text}}
-    )
-    job_id: str = (await _json(response))["job"]["job_id"]
-    runs: RunStore = runtime.require_runs()
-    claimed = await runs.claim("web-test")
-    assert claimed is not None and str(claimed.job_id) == job_id
-    ids = tokenize_ids(text)
-    await runs.checkpoint(
-        claimed.lease,
-        {"name": "tokenize", "skipped": False, "response": {"ids": ids, "count": len(ids)}},
-    )
-    await runs.checkpoint(
-        claimed.lease,
-        {
-            "name": "embed",
-            "skipped": False,
-            "response": {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4},
-        },
-    )
-    await runs.park(claimed.lease, "review")
-    return job_id
-
-
 async def test_complete_step_outcomes(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
-        await _put(client)
-        job_id = await _parked_job(client, runtime, "looks fine")
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "looks fine")
         path = f"/v1/workflow-runs/{job_id}/steps/review:complete"
 
         message = await _error(
@@ -389,8 +355,8 @@ async def test_complete_step_outcomes(dsn: str) -> None:
 
 async def test_a_rejected_response_fails_the_job_and_answers_200(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
-        await _put(client)
-        job_id = await _parked_job(client, runtime, "needs a second look")
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "needs a second look")
         response = await client.post(
             f"/v1/workflow-runs/{job_id}/steps/review:complete",
             json={"response": {"approved": False, "note": "no"}},
@@ -411,3 +377,78 @@ async def test_health_reports_the_store(dsn: str) -> None:
             "roles": ["api"],
             "store": "ok",
         }
+
+
+async def test_list_limit_zero_means_50_and_large_limits_are_clamped_to_500(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_POOL_MAX": "8"}) as (client, runtime):
+        await put_workflow(client)
+        runs = runtime.require_runs()
+        compiled = runtime.compile(WORKFLOW)
+
+        async def submit(n: int) -> None:
+            await runs.submit(
+                job_id=uuid.uuid4(),
+                workflow_name="web-review",
+                definition=WORKFLOW,
+                definition_hash=compiled.definition_hash,
+                input={"text": f"job {n}"},
+            )
+
+        for first in range(0, 501, 50):
+            await asyncio.gather(*(submit(n) for n in range(first, min(first + 50, 501))))
+
+        for limit, expected in (("0", 50), ("", 50), ("500", 500), ("501", 500), ("100000", 500)):
+            params = {"limit": limit} if limit else {}
+            page = await _json(await client.get("/v1/workflow-runs", params=params))
+            assert len(page["jobs"]) == expected, limit
+            assert page["next_page_token"], limit
+
+        # The cursor walks the rest: 501 jobs, each exactly once, newest first.
+        seen: list[str] = []
+        token = ""
+        while True:
+            params = {"limit": "200", **({"page_token": token} if token else {})}
+            page = await _json(await client.get("/v1/workflow-runs", params=params))
+            seen += [job["job_id"] for job in page["jobs"]]
+            token = page.get("next_page_token", "")
+            if not token:
+                break
+        assert len(seen) == len(set(seen)) == 501
+        created = [(await runs.get(job_id)).created_at for job_id in (seen[0], seen[250], seen[-1])]
+        assert created == sorted(created, reverse=True)
+
+
+async def test_a_full_backlog_answers_429_and_admits_again_once_it_drains(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_MAX_QUEUED_JOBS": "2"}) as (client, runtime):
+        await put_workflow(client)
+
+        def body(job_id: str) -> dict[str, Any]:
+            return {"job_id": job_id, "workflow_name": "web-review", "input": {"text": "a"}}
+
+        first, second, third = (str(uuid.uuid4()) for _ in range(3))
+        for job_id in (first, second):
+            response = await client.post("/v1/workflow-runs", json=body(job_id))
+            assert response.status == 201, await response.text()
+
+        message = await _error(
+            await client.post("/v1/workflow-runs", json=body(third)), 429, "RESOURCE_EXHAUSTED"
+        )
+        assert "WFJOBS_MAX_QUEUED_JOBS" in message and "retry later" in message
+        # Nothing was written for the refused job.
+        await _error(await client.get(f"/v1/workflow-runs/{third}"), 404, "NOT_FOUND")
+        # A submit of an existing job creates nothing, so it is answered as usual.
+        again = await client.post("/v1/workflow-runs", json=body(first))
+        assert again.status == 200, await again.text()
+        assert (await _json(again))["job"]["job_id"] == first
+        # Malformed requests are still told what is wrong with them.
+        await _error(
+            await client.post("/v1/workflow-runs", json={"workflow_name": "web-review", "x": 1}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+
+        # A worker takes one job; within a second the backlog is read again.
+        assert await runtime.require_runs().claim("web-test") is not None
+        await asyncio.sleep(1.1)
+        admitted = await client.post("/v1/workflow-runs", json=body(third))
+        assert admitted.status == 201, await admitted.text()

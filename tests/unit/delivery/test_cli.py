@@ -125,3 +125,37 @@ def test_migrate_without_a_database_says_so(
     code, _, err = run(capsys, "migrate")
     assert code == 1
     assert "DATABASE_URL" in err
+
+
+def test_events_without_a_broker_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", address)
+    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+    code, out, err = run(capsys, "events", "--timeout", "2")
+    assert code == 1
+    assert out == ""
+    assert "UNAVAILABLE" in err and address in err
+
+
+def test_every_command_exists_and_takes_json() -> None:
+    parser = cli.build_parser()
+    job = str(uuid.uuid4())
+    commands = [
+        ["migrate"],
+        ["workflows", "put", "w.json"],
+        ["workflows", "get", "w"],
+        ["workflows", "list"],
+        ["submit", "--workflow-name", "w", "--input", "{}"],
+        ["get", job],
+        ["list"],
+        ["complete", job, "review", "--response", "{}"],
+        ["produce", "--workflow-name", "w", "--input", "{}"],
+        ["events"],
+        ["dev"],
+    ]
+    for argv in commands:
+        args = parser.parse_args([*argv, "--json"])
+        assert args.json is True, argv
+        assert callable(args.handler), argv

@@ -15,6 +15,7 @@ def test_defaults() -> None:
     assert settings.dlq_topic == "workflow-run-requests.dlq"
     assert settings.broker_url == "kafka://127.0.0.1:9092"
     assert settings.store_configured is False
+    assert settings.max_queued_jobs == 0  # no admission cap unless asked for
     assert settings.effective_heartbeat_s == pytest.approx(100.0)
 
 
@@ -49,6 +50,8 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_WEB_PORT": "70000"}, "WFJOBS_WEB_PORT must be a TCP port"),
         ({"WFJOBS_SHUTDOWN_GRACE_S": "-1"}, "WFJOBS_SHUTDOWN_GRACE_S must be positive"),
         ({"WFJOBS_HEARTBEAT_S": "400"}, "WFJOBS_HEARTBEAT_S must be >= 0 and below"),
+        ({"WFJOBS_MAX_QUEUED_JOBS": "-1"}, "WFJOBS_MAX_QUEUED_JOBS must be 0"),
+        ({"WFJOBS_EVENT_FORMAT": "avro"}, "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None:

@@ -117,7 +117,47 @@ class PlainProtobufSerializer:
         return event_bytes
 
 
-class ProtobufFramer:
+class _RegistryFraming:
+    """The Confluent header of one subject, ``<topic>-value``: magic byte and schema id.
+
+    ``prepare`` does the registry round trip once; ``_register`` says how a
+    format gets its header.
+    """
+
+    format_name = ""
+
+    def __init__(
+        self, registry: SchemaRegistryClient, topic: str, *, auto_register: bool = True
+    ) -> None:
+        self._registry = registry
+        self._topic = topic
+        self._auto_register = auto_register
+        self._header: bytes | None = None
+
+    @property
+    def description(self) -> str:
+        suffix = f" (schema id {self.schema_id})" if self._header is not None else ""
+        return f"{self.format_name} via schema registry, subject {self._topic}-value{suffix}"
+
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare() has not run")
+        return self._header
+
+    @property
+    def schema_id(self) -> int:
+        return int.from_bytes(self.header[1:5], "big")
+
+    def prepare(self) -> None:
+        if self._header is None:
+            self._header = self._register()
+
+    def _register(self) -> bytes:
+        raise NotImplementedError
+
+
+class ProtobufFramer(_RegistryFraming):
     """Confluent framing for already-encoded Protobuf messages of one type.
 
     The header for a message type is exactly what confluent's ``ProtobufSerializer``
@@ -125,6 +165,8 @@ class ProtobufFramer:
     an empty message yields the header alone, and registers the schema and its
     references on the way.
     """
+
+    format_name = "protobuf"
 
     def __init__(
         self,
@@ -134,30 +176,10 @@ class ProtobufFramer:
         *,
         auto_register: bool = True,
     ) -> None:
+        super().__init__(registry, topic, auto_register=auto_register)
         self._message_type = message_type
-        self._registry = registry
-        self._topic = topic
-        self._auto_register = auto_register
-        self._header: bytes | None = None
 
-    @property
-    def description(self) -> str:
-        suffix = f" (schema id {self.schema_id})" if self._header is not None else ""
-        return f"protobuf via schema registry, subject {self._topic}-value{suffix}"
-
-    @property
-    def header(self) -> bytes:
-        if self._header is None:
-            raise RuntimeError("ProtobufFramer.prepare() has not run")
-        return self._header
-
-    @property
-    def schema_id(self) -> int:
-        return int.from_bytes(self.header[1:5], "big")
-
-    def prepare(self) -> None:
-        if self._header is not None:
-            return
+    def _register(self) -> bytes:
         serializer = ProtobufSerializer(
             self._message_type,
             self._registry,
@@ -166,7 +188,7 @@ class ProtobufFramer:
         header = serializer(self._message_type(), _context(self._topic))
         if not header or header[0] != MAGIC_BYTE:
             raise RuntimeError(f"unexpected Confluent header {header!r}")
-        self._header = bytes(header)
+        return bytes(header)
 
     def serialize(self, event_bytes: bytes) -> bytes:
         return self.header + event_bytes
@@ -242,26 +264,12 @@ def encode_avro_body(event: WorkflowRunEvent) -> bytes:
     return out.getvalue()
 
 
-class AvroEventSerializer:
+class AvroEventSerializer(_RegistryFraming):
     """Confluent framing around the Avro rendering of an event."""
 
-    def __init__(
-        self, registry: SchemaRegistryClient, topic: str, *, auto_register: bool = True
-    ) -> None:
-        self._registry = registry
-        self._topic = topic
-        self._auto_register = auto_register
-        self._header: bytes | None = None
-        self.schema_id: int | None = None
+    format_name = "avro"
 
-    @property
-    def description(self) -> str:
-        suffix = f" (schema id {self.schema_id})" if self.schema_id is not None else ""
-        return f"avro via schema registry, subject {self._topic}-value{suffix}"
-
-    def prepare(self) -> None:
-        if self._header is not None:
-            return
+    def _register(self) -> bytes:
         subject = f"{self._topic}-value"
         schema = Schema(avro_schema_text(), schema_type="AVRO")
         if self._auto_register:
@@ -271,13 +279,10 @@ class AvroEventSerializer:
             if found is None:
                 raise Unavailable(f"schema registry has no id for subject {subject}")
             schema_id = int(found)
-        self.schema_id = schema_id
-        self._header = bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big")
+        return bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big")
 
     def serialize(self, event_bytes: bytes) -> bytes:
-        if self._header is None:
-            raise RuntimeError("AvroEventSerializer.prepare() has not run")
-        return self._header + encode_avro_body(decode_event(event_bytes))
+        return self.header + encode_avro_body(decode_event(event_bytes))
 
 
 def event_serializer(

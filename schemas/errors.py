@@ -23,6 +23,13 @@ class InvalidArgument(WorkflowJobsError):
     code = "INVALID_ARGUMENT"
 
 
+class UnstorableValue(InvalidArgument):
+    """The database refuses a value on every try (e.g. U+0000 in a JSON string).
+
+    Not an outage: requeueing the job would meet the same refusal forever.
+    """
+
+
 class NotFound(WorkflowJobsError):
     code = "NOT_FOUND"
 

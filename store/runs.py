@@ -39,6 +39,7 @@ from schemas.contract import (
 )
 from schemas.errors import InvalidArgument, LeaseLost, NotFound
 from store.definitions import validate_workflow_name
+from store.errors import refused_value
 from store.pool import Pool
 from store.states import Status, parse_status, transition
 
@@ -86,6 +87,8 @@ class Lease:
     attempt: int
     # Carried so commit points can build their event without reading the row.
     workflow_name: str
+    # The row's fencing token for this claim; unlike ``attempt`` it never repeats.
+    token: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,15 +246,16 @@ UPDATE workflow_run AS r
        lease_owner = %(worker_id)s,
        lease_until = now() + %(lease_s)s * interval '1 second',
        attempt = r.attempt + 1,
+       lease_token = r.lease_token + 1,
        updated_at = now()
   FROM picked
  WHERE r.job_id = picked.job_id
-RETURNING {_R_COLUMNS}
+RETURNING {_R_COLUMNS}, r.lease_token
 """
 
 _FENCE = (
     f"job_id = %(job_id)s AND status = {_RUNNING}"
-    " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s"
+    " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s AND lease_token = %(token)s"
 )
 
 EXTEND_LEASE_SQL = f"""
@@ -587,6 +591,7 @@ class RunStore:
         self, *, job_id: UUID, workflow_name: str, input: dict[str, Any], error: str
     ) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
+        error = _storable_text(error)
         event = build_event(
             job_id=job_id,
             event_type=EventType.TYPE_FAILED,
@@ -611,7 +616,13 @@ class RunStore:
     async def _insert(self, **params: Any) -> SubmitResult:
         async with self._pool.connection() as conn:
             for _ in range(3):
-                cursor = await conn.execute(SUBMIT_SQL, params)
+                try:
+                    cursor = await conn.execute(SUBMIT_SQL, params)
+                except Exception as exc:
+                    refused = refused_value(exc, f"store job {params['job_id']}")
+                    if refused is None:
+                        raise
+                    raise refused from exc
                 row = await cursor.fetchone()
                 if row is not None:
                     return SubmitResult(job=_job(row[1:]), created=bool(row[0]))
@@ -635,14 +646,17 @@ class RunStore:
                 CLAIM_SQL, {"limit": limit, "worker_id": worker_id, "lease_s": self.lease_s}
             )
             rows = await cursor.fetchall()
-        jobs = sorted((_job(row) for row in rows), key=lambda job: (job.run_after, job.created_at))
+        jobs = sorted(
+            ((_job(row[:-1]), row[-1]) for row in rows),
+            key=lambda pair: (pair[0].run_after, pair[0].created_at),
+        )
         return [
             ClaimedJob(
                 job=job,
-                lease=Lease(job.job_id, worker_id, job.attempt, job.workflow_name),
+                lease=Lease(job.job_id, worker_id, job.attempt, job.workflow_name, token),
                 definition=job.definition or {},
             )
-            for job in jobs
+            for job, token in jobs
         ]
 
     # ----------------------------------------------------------------- fenced writes
@@ -671,7 +685,7 @@ class RunStore:
             lease,
             event,
             {"entry": Jsonb({"name": name, "skipped": skipped, "response": response})},
-            "checkpoint",
+            f"checkpoint step {name!r}",
         )
 
     async def park(self, lease: Lease, step_name: str) -> None:
@@ -687,7 +701,7 @@ class RunStore:
             lease,
             event,
             {"result": Jsonb(result), "verdict": verdict},
-            "complete",
+            "store the job's result",
         )
 
     async def fail(self, lease: Lease, *, error: str = "", verdict: str = "") -> None:
@@ -696,6 +710,7 @@ class RunStore:
         The FAILED event must carry an error, so a verdict failure also uses the
         violations as its error; the row's ``verdict`` tells the two apart.
         """
+        error, verdict = _storable_text(error), _storable_text(verdict)
         message = error or verdict
         event = _lease_event(lease, EventType.TYPE_FAILED, verdict=verdict, error=message)
         await self._commit_point(
@@ -704,6 +719,7 @@ class RunStore:
 
     async def retry_or_die(self, lease: Lease, error: str) -> RetryOutcome:
         """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim."""
+        error = _storable_text(error)
         dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
@@ -740,15 +756,21 @@ class RunStore:
         what: str,
     ) -> None:
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                statement,
-                {
-                    **_fence(lease),
-                    **params,
-                    "event_type": _event_name(event.type),
-                    "payload": encode_event(event),
-                },
-            )
+            try:
+                cursor = await conn.execute(
+                    statement,
+                    {
+                        **_fence(lease),
+                        **params,
+                        "event_type": _event_name(event.type),
+                        "payload": encode_event(event),
+                    },
+                )
+            except Exception as exc:
+                refused = refused_value(exc, what)
+                if refused is None:
+                    raise
+                raise refused from exc
             if await cursor.fetchone() is None:
                 raise _lease_lost(lease, what)
 
@@ -949,7 +971,18 @@ def _lease_event(lease: Lease, event_type: int, **fields: Any) -> WorkflowRunEve
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
-    return {"job_id": lease.job_id, "worker_id": lease.worker_id, "attempt": lease.attempt}
+    return {
+        "job_id": lease.job_id,
+        "worker_id": lease.worker_id,
+        "attempt": lease.attempt,
+        "token": lease.token,
+    }
+
+
+def _storable_text(text: str) -> str:
+    # A text column cannot hold U+0000, and an error message quoting a handler's
+    # bytes may contain one; escaped, the message still says what it said.
+    return text.replace("\x00", "\\u0000") if "\x00" in text else text
 
 
 def _lease_lost(lease: Lease, what: str) -> LeaseLost:

@@ -19,8 +19,10 @@ A runner, per job:
    fail(error).
 
 ``LeaseLost`` at any point means another worker owns the job now: drop it,
-write nothing. A store failure while checkpointing is not the job's fault:
-the job is handed back (requeued now, attempt given back), never failed.
+write nothing. A store outage while checkpointing or settling is not the
+job's fault: the job is handed back (requeued now, attempt given back), never
+failed. A value the database refuses on every try (a response holding U+0000,
+say) is the job's fault: handing it back would loop forever, so the job fails.
 
 Stopping: no more claims; running segments get ``grace_s`` to finish and
 settle; whatever is still running then is cancelled and handed back, as are
@@ -37,7 +39,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.errors import InvalidArgument, LeaseLost
+from schemas.errors import InvalidArgument, LeaseLost, UnstorableValue
+from store.errors import is_outage
 from store.runs import ClaimedJob, Lease, RunStore
 from workflows.definition import CompiledWorkflow, Step
 from workflows.failures import FailureKind, StepFailure
@@ -327,8 +330,22 @@ class ClaimLoops:
                 await self._runs.checkpoint(lease, entry)
             except LeaseLost:
                 raise
+            except UnstorableValue as exc:
+                # The step's response itself cannot be stored: every retry would
+                # meet the same refusal, so this is the job's defect, not an outage.
+                raise StepFailure(
+                    FailureKind.NON_RETRYABLE, str(entry.get("name", "")), exc.message
+                ) from exc
             except Exception as exc:
-                raise _StoreTrouble(exc) from exc
+                if is_outage(exc):
+                    raise _StoreTrouble(exc) from exc
+                # Neither an outage nor a refused value: a defect that would
+                # recur. Spend an attempt so the job ends DEAD instead of looping.
+                raise StepFailure(
+                    FailureKind.RETRYABLE,
+                    str(entry.get("name", "")),
+                    f"checkpoint failed: {type(exc).__name__}: {exc}",
+                ) from exc
 
         async with self._slot(step):
             return await run_segment(
@@ -372,12 +389,22 @@ class ClaimLoops:
 
     @contextlib.asynccontextmanager
     async def _settling(self, lease: Lease) -> AsyncIterator[None]:
-        """Around every settle: a lost lease drops the job, any other error hands it back."""
+        """Around every settle: a lost lease drops the job; see ``_settle_error`` for the rest."""
         try:
             yield
         except LeaseLost as exc:
             self.stats.lease_lost += 1
             log.info("job %s dropped at settle: %s", lease.job_id, exc)
+        except UnstorableValue as exc:
+            # The outcome itself (say, a result the database refuses) can never
+            # be written: the job fails with that reason instead.
+            try:
+                await self._runs.fail(lease, error=exc.message)
+                self.stats.failed += 1
+            except LeaseLost:
+                self.stats.lease_lost += 1
+            except Exception as again:
+                await self._settle_error(lease, again)
         except Exception as exc:
             await self._settle_error(lease, exc)
 
@@ -421,15 +448,32 @@ class ClaimLoops:
                 log.warning("job %s FAILED: %s", lease.job_id, error)
 
     async def _settle_error(self, lease: Lease, exc: BaseException) -> None:
-        """The store refused a settle for its own reasons: requeue, never invent an outcome."""
+        """A settle failed. An outage hands the job back untouched; anything else
+        would fail the same way again, so it spends an attempt (and ends DEAD
+        when none is left) rather than requeueing the job forever."""
         self.stats.store_errors += 1
-        log.warning(
-            "job %s: could not settle (%s: %s); handing it back",
-            lease.job_id,
-            type(exc).__name__,
-            exc,
-        )
-        await self._hand_back(lease, "settle failed")
+        reason = f"{type(exc).__name__}: {exc}"
+        if is_outage(exc):
+            log.warning("job %s: could not settle (%s); handing it back", lease.job_id, reason)
+            await self._hand_back(lease, "settle failed")
+            return
+        log.error("job %s: could not settle (%s); counting the attempt", lease.job_id, reason)
+        try:
+            outcome = await self._runs.retry_or_die(lease, f"could not settle: {reason}")
+        except LeaseLost:
+            self.stats.lease_lost += 1
+        except Exception as again:
+            log.warning(
+                "job %s: %s: %s; the sweeper will requeue it when the lease expires",
+                lease.job_id,
+                type(again).__name__,
+                again,
+            )
+        else:
+            if outcome.dead:
+                self.stats.dead += 1
+            else:
+                self.stats.retried += 1
 
     async def _hand_back(self, lease: Lease, why: str) -> None:
         """Requeue now with the attempt given back; if that fails too, the sweeper will."""

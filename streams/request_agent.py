@@ -33,12 +33,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import psycopg
-import psycopg_pool
-
 from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from schemas.serde import RequestDecoder, UndecodableMessage
+from store.errors import is_outage
 from streams.convert import struct_to_dict
 
 if TYPE_CHECKING:
@@ -51,17 +49,11 @@ log = logging.getLogger(__name__)
 
 DLQ_REASON_HEADER = "x-wfjobs-dlq-reason"
 
-# Errors that say "try the same thing again later", not "this message is bad".
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    psycopg_pool.PoolTimeout,
-    psycopg_pool.PoolClosed,
-    Unavailable,
-    ResourceExhausted,
-    OSError,
-    asyncio.TimeoutError,
-)
+
+def _worth_waiting_out(exc: BaseException) -> bool:
+    """Try the same message again later: the store, registry or broker is away or full."""
+    return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
+
 
 OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 
@@ -182,22 +174,23 @@ async def handle_until_done(
             return await handler.handle(key, value)
         except asyncio.CancelledError:
             raise
-        except TRANSIENT_ERRORS as exc:
-            failures += 1
-            pause = min(cap_s, base_s * 2 ** min(failures - 1, 16))
-            log.warning(
-                "request not handled (%s: %s); retrying in %.1fs (failure %d)",
-                type(exc).__name__,
-                exc,
-                pause,
-                failures,
-            )
         except Exception as exc:
             failures += 1
-            defects += 1
-            last_defect = f"{type(exc).__name__}: {exc}"
             pause = min(cap_s, base_s * 2 ** min(failures - 1, 16))
-            log.exception("request not handled; retrying in %.1fs (failure %d)", pause, failures)
+            if _worth_waiting_out(exc):
+                log.warning(
+                    "request not handled (%s: %s); retrying in %.1fs (failure %d)",
+                    type(exc).__name__,
+                    exc,
+                    pause,
+                    failures,
+                )
+            else:
+                defects += 1
+                last_defect = f"{type(exc).__name__}: {exc}"
+                log.exception(
+                    "request not handled; retrying in %.1fs (failure %d)", pause, failures
+                )
         await asyncio.sleep(pause * random.uniform(0.8, 1.2))
 
 

@@ -55,6 +55,7 @@ from schemas.contract import api_pb2, check_incoming, from_json, parse_job_id, t
 from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
 from store.definitions import validate_workflow_name
 from store.runs import CompleteStepResult
+from store.states import Status
 from streams.convert import job_message, message_json, stored_workflow_message, struct_to_dict
 
 if TYPE_CHECKING:
@@ -237,7 +238,7 @@ class Api:
         # changes while the job is WAITING, which the store checks again under
         # the row lock before it calls the verifier.
         job = await runs.get(job_id)
-        parked_here = job.status == "WAITING" and job.outstanding_step == step_name
+        parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
         result: CompleteStepResult = await runs.complete_step(
             job_id=job_id,
             step_name=step_name,

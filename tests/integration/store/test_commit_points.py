@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from schemas.contract import EventType, WorkflowRunEvent, decode_event, to_json, with_event_id
-from schemas.errors import ContractViolation, InvalidArgument, NotFound
+from schemas.errors import ContractViolation, InvalidArgument, NotFound, UnstorableValue
 from store.outbox import Outbox
 from store.pool import Pool
 from store.runs import ClaimedJob, RunStore, StepVerdict
@@ -315,3 +315,20 @@ async def test_a_sweep_that_fails_midway_leaves_no_change_and_no_event(
         assert len(await outbox.events_for(job_id)) == 1  # ACCEPTED only
     result = await short.sweep_expired()
     assert (result.requeued, result.dead) == (1, 1)
+
+
+async def test_a_value_the_database_refuses_is_unstorable_not_an_outage(pool: Pool) -> None:
+    # jsonb cannot hold U+0000: the same write would fail on every retry.
+    store = RunStore(pool)
+    await submit(store)
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    with pytest.raises(UnstorableValue, match="checkpoint step 'tokenize'"):
+        await store.checkpoint(claimed.lease, entry("tokenize", note="a\x00b"))
+    with pytest.raises(UnstorableValue, match="result"):
+        await store.complete(claimed.lease, result={"note": "a\x00b"}, verdict="done")
+    # Errors quoting such bytes are still recorded, escaped.
+    await store.fail(claimed.lease, error="handler said a\x00b")
+    job = await store.get(claimed.job_id)
+    assert job.status == "FAILED" and job.error == "handler said a\\u0000b"
+    assert job.checkpoints == ()

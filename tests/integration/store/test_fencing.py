@@ -91,3 +91,27 @@ async def test_a_settled_job_refuses_its_old_lease(store: RunStore) -> None:
         await store.checkpoint(claimed.lease, entry("late", x=1))
     with pytest.raises(LeaseLost):
         await store.complete(claimed.lease, result={"n": 2}, verdict="again")
+
+
+async def test_a_handed_back_lease_stays_dead_when_the_same_worker_claims_again(
+    pool: Pool,
+) -> None:
+    # A hand-back gives the attempt back, so the same worker's next claim holds
+    # the same (owner, attempt) pair; only the fencing token tells them apart.
+    store = RunStore(pool)
+    outbox = Outbox(pool)
+    await submit(store)
+    first = await store.claim("w1")
+    assert first is not None
+    await store.hand_back(first.lease)
+    second = await store.claim("w1")
+    assert second is not None and second.job_id == first.job_id
+    assert second.lease.attempt == first.lease.attempt
+    assert second.lease.token > first.lease.token
+
+    await _assert_every_fenced_write_refused(store, first.lease)
+
+    job = await store.get(first.job_id)
+    assert job.status == "RUNNING" and job.checkpoints == ()
+    assert [row.event_type for row in await outbox.events_for(first.job_id)] == ["ACCEPTED"]
+    await store.checkpoint(second.lease, entry("tokenize", ids=[1]))

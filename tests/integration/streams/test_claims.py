@@ -18,7 +18,7 @@ from store.runs import Lease, RunStore
 from streams.claims import ClaimLoops
 from streams.listener import Listener
 from streams.sweeper import Sweeper
-from tests.workflows_fixtures import EMBED, TOKENIZE, CallLog, envelope, make_registry
+from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, CallLog, envelope, make_registry
 from workflows.definition import CompiledWorkflow, DefinitionCache
 from workflows.invokers import HandlerRegistry, StepContext
 
@@ -309,3 +309,51 @@ async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
     assert sweeper.sweeps > 10 and sweeper.requeued == 0
     assert loops.stats.lease_lost == 0
     assert calls[TOKENIZE] == 1
+
+
+async def test_a_response_the_database_refuses_fails_the_job_instead_of_looping(
+    harness: Harness,
+) -> None:
+    # jsonb cannot store U+0000; handing the job back would meet the same
+    # refusal on every claim, forever.
+    async def refusing_review(request: Message, ctx: StepContext) -> Any:
+        return ctx.response_type(approved=True, note="a\x00b")
+
+    harness.registry.register(REVIEW, refusing_review, replace=True)
+    job_id = await harness.submit(envelope(name="nul", review="invoke"), {"text": "x y"})
+    loops = harness.loops(loops=1)
+    loops.start()
+    try:
+        job = await harness.wait_status(job_id, "FAILED", "DEAD", timeout_s=5)
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.status == "FAILED"
+    assert job.error.startswith("step 'review': the database refused to checkpoint step")
+    assert [entry["name"] for entry in job.checkpoints] == ["tokenize", "embed"]
+    assert loops.stats.handed_back == 0
+
+
+async def test_a_settle_that_always_fails_spends_attempts_until_dead(
+    harness: Harness, pool: Pool
+) -> None:
+    # Not an outage (the server answers, and refuses): requeueing with the
+    # attempt given back would loop forever, so each failure costs an attempt.
+    async with pool.connection() as conn:
+        await conn.execute(
+            """
+            CREATE FUNCTION refuse_completion() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'completions are refused here'; END $$;
+            CREATE TRIGGER refuse_completion BEFORE UPDATE ON workflow_run FOR EACH ROW
+                WHEN (NEW.status = 'COMPLETED') EXECUTE FUNCTION refuse_completion();
+            """
+        )
+    job_id = await harness.submit(envelope(name="stuck", review="invoke"), {"text": "x y"})
+    loops = harness.loops(loops=1)
+    loops.start()
+    try:
+        job = await harness.wait_status(job_id, "DEAD", timeout_s=10)
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.attempt == job.max_attempts == 3
+    assert "completions are refused here" in job.error
+    assert loops.stats.handed_back == 0

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint typecheck check-generated test test-fast dev bench kafka clean
+.PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers kafka clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ dev: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.end_to_end
+
+# Side by side with pgqueuer, procrastinate and a bare SKIP LOCKED queue, on one Postgres.
+bench-peers: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.peers
 
 # A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.
 kafka: $(STAMP)

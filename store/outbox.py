@@ -3,7 +3,7 @@
 Ordering: one job's events must reach the topic in the order they committed,
 even with several relays draining at once. A job's oldest PENDING row is its
 head; a relay locks heads (``FOR UPDATE SKIP LOCKED``) and takes each locked
-head together with the rest of that job's PENDING rows. A row that is not a
+head together with the job's later PENDING rows. A row that is not a
 head is only ever handed out behind its locked head, so the head's row lock is
 the job's mutex: no two relays hold events of the same job at once, and a
 relay working from an older snapshot merely sees fewer heads, never a newer
@@ -22,30 +22,79 @@ from uuid import UUID
 
 from store.pool import Pool
 
-# Heads first (oldest first, skipping heads another relay holds), then every
-# PENDING row of the jobs whose heads were won, cut at the batch size: the cut
-# only ever drops a job's newest rows, which wait for the next pass. A row
-# locking, not a filter with side effects, decides what is taken, so the plan
-# the server picks cannot change the outcome.
+# How many batches' worth of the oldest PENDING rows one pass looks at. More
+# than one, so that a relay still finds work while other relays hold the
+# oldest batches (their heads are skipped, their other rows are no heads);
+# the price is reading this many rows per pass instead of one batch.
+WINDOW_BATCHES = 4
+
+# One pass reads a window: the oldest PENDING rows in id order, a fixed number
+# of them, straight from the partial PENDING index. The window is a prefix of
+# the backlog, so a job's first row in it is that job's oldest PENDING row, its
+# head, and every other row of the job in the window comes after that head:
+# heads and followers are found inside the window, without looking at the rest
+# of the backlog. The heads are locked by id (``FOR UPDATE SKIP LOCKED``,
+# oldest first), and the batch is the window's rows of the jobs whose heads
+# were won, cut at the batch size; the cut only ever drops a job's newest rows,
+# which wait for the next pass.
+#
+# Why the plan cannot go wrong: the statistics of a caught-up outbox say there
+# are no PENDING rows, which once made the planner re-read the whole PENDING
+# index for every candidate head. Here every access to the table is bounded by
+# the window. The window is a LIMIT in id order over the PENDING index (the one
+# plan left once bulk reads are off, see RELAY_PLANNER_SETTINGS_SQL). The lock
+# step looks up at most a window's worth of ids (``= ANY``) and is also fenced
+# by the window's last id, so even a scan of the PENDING index that filters
+# instead of probing stops at the window's end. The rest works on the
+# materialized window alone.
+#
+# Ordering: a row lock, not a filter with side effects, decides what is taken.
+# A locked head is re-checked on its newest version, so a head another relay
+# published or dead-lettered since this statement's snapshot is not taken. The
+# head's lock is the job's mutex: a row that is not a head is only ever handed
+# out behind its locked head. The rows handed out are read in the statement's
+# snapshot (``attempts`` is for the publisher's information only; the settle
+# counts attempts on the stored row).
 FETCH_PENDING_SQL = """
-WITH head AS MATERIALIZED (
+WITH oldest AS MATERIALIZED (
+    SELECT id, job_id, event_type, payload, attempts
+      FROM workflow_run_events_outbox
+     WHERE status = 'PENDING'
+     ORDER BY id
+     LIMIT %(window)s
+), head AS MATERIALIZED (
     SELECT o.id, o.job_id
       FROM workflow_run_events_outbox AS o
-     WHERE o.status = 'PENDING'
-       AND NOT EXISTS (SELECT FROM workflow_run_events_outbox AS older
-                        WHERE older.job_id = o.job_id AND older.status = 'PENDING'
-                          AND older.id < o.id)
+     WHERE o.id = ANY (ARRAY(SELECT DISTINCT ON (job_id) id FROM oldest ORDER BY job_id, id))
+       AND o.id <= (SELECT max(id) FROM oldest)
+       AND o.status = 'PENDING'
      ORDER BY o.id
      LIMIT %(limit)s
      FOR UPDATE OF o SKIP LOCKED
 )
-SELECT o.id, o.job_id, o.event_type, o.payload, o.attempts
-  FROM workflow_run_events_outbox AS o
-  JOIN head ON head.job_id = o.job_id AND o.id >= head.id
- WHERE o.status = 'PENDING'
- ORDER BY o.id
+SELECT r.id, r.job_id, r.event_type, r.payload, r.attempts
+  FROM oldest AS r
+ WHERE r.job_id = ANY (ARRAY(SELECT job_id FROM head))
+ ORDER BY r.id
  LIMIT %(limit)s
 """
+
+
+def fetch_pending_params(limit: int) -> dict[str, int]:
+    """The parameters of ``FETCH_PENDING_SQL`` for a batch of ``limit`` rows."""
+    return {"limit": limit, "window": limit * WINDOW_BATCHES}
+
+
+# Set at the start of the relay's transaction, for its statements only. With
+# the statistics of an outbox analyzed while empty, the planner guesses dozens
+# of PENDING rows where there are thousands, and reading every PENDING row
+# through a bitmap and sorting them looks cheaper than walking the PENDING
+# index in id order and stopping after the window. Nothing in the relay's
+# transaction ever needs to read the table in bulk: the fetch walks an index in
+# order and looks rows up by id, the settle looks rows up by id. Switching bulk
+# reads off leaves only those plans (Postgres picks a switched-off plan only
+# when no other exists), so the cost of a pass no longer depends on guesses.
+RELAY_PLANNER_SETTINGS_SQL = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
 # Acked rows go PUBLISHED in one statement; failed ones count an attempt and
 # stop at FAILED, the dead letter nothing retries.
@@ -140,7 +189,8 @@ class Outbox:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         async with self._pool.connection() as conn, conn.transaction():
-            cursor = await conn.execute(FETCH_PENDING_SQL, {"limit": limit})
+            await conn.execute(RELAY_PLANNER_SETTINGS_SQL)
+            cursor = await conn.execute(FETCH_PENDING_SQL, fetch_pending_params(limit))
             rows = [OutboxRow(*row) for row in await cursor.fetchall()]
             if not rows:
                 return RelayResult(0, 0, 0, 0, 0)

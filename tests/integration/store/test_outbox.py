@@ -6,10 +6,18 @@ import asyncio
 import random
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
-from store.outbox import Outbox, OutboxRow, Publisher
+from store.outbox import (
+    FETCH_PENDING_SQL,
+    RELAY_PLANNER_SETTINGS_SQL,
+    Outbox,
+    OutboxRow,
+    Publisher,
+    fetch_pending_params,
+)
 from store.pool import Pool
 from store.runs import RunStore
 from tests.integration.store.helpers import entry, submit
@@ -222,3 +230,86 @@ async def test_an_empty_outbox_does_not_call_the_publisher(outbox: Outbox) -> No
 
     result = await outbox.relay_batch(never)
     assert result.fetched == 0
+
+
+# Published rows of 400 jobs: an outbox the relay has caught up with.
+CAUGHT_UP_SQL = """
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload, status, attempts, published_at)
+SELECT ('00000000-0000-0000-0000-' || lpad(to_hex(mod(n, 400)), 12, '0'))::uuid,
+       'STEP_CHECKPOINT', '\\x00', 'PUBLISHED', 1, now()
+  FROM generate_series(1, 2000) AS n
+"""
+
+# A backlog of %(jobs)s jobs with %(per_job)s PENDING rows each, interleaved as
+# jobs that run side by side write them: a job's rows lie %(jobs)s ids apart.
+BACKLOG_SQL = """
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job.id, 'STEP_CHECKPOINT', '\\x00'
+  FROM generate_series(1, %(per_job)s) AS step,
+       LATERAL (SELECT ('10000000-0000-0000-0000-' || lpad(to_hex(j), 12, '0'))::uuid AS id
+                  FROM generate_series(1, %(jobs)s) AS j) AS job
+ ORDER BY step, job.id
+"""
+
+
+def _rows_read(node: dict[str, Any]) -> float:
+    """Outbox rows the plan's scans produced or threw away, over all their loops."""
+    read = 0.0
+    if node.get("Relation Name") == "workflow_run_events_outbox":
+        read = node["Actual Loops"] * (
+            node["Actual Rows"]
+            + node.get("Rows Removed by Filter", 0)
+            + node.get("Rows Removed by Index Recheck", 0)
+        )
+    return read + sum(_rows_read(child) for child in node.get("Plans", []))
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["analyzed-empty", "analyzed-caught-up"])
+async def test_a_pass_costs_its_batch_not_the_backlog_whatever_the_statistics_say(
+    pool: Pool, outbox: Outbox, history: bool
+) -> None:
+    limit, jobs, per_job = 100, 3000, 5
+    async with pool.connection() as conn:
+        # The statistics must stay those of a moment without PENDING rows, as
+        # after an autovacuum analyze of a caught-up outbox in production.
+        await conn.execute("ALTER TABLE workflow_run_events_outbox SET (autovacuum_enabled = off)")
+        if history:
+            await conn.execute(CAUGHT_UP_SQL.encode())
+        await conn.execute("ANALYZE workflow_run_events_outbox")
+        await conn.execute(BACKLOG_SQL.encode(), {"jobs": jobs, "per_job": per_job})
+
+    async with pool.connection() as conn, conn.transaction(force_rollback=True):
+        # The fetch exactly as a pass runs it, locks included, rolled back.
+        await conn.execute(RELAY_PLANNER_SETTINGS_SQL)
+        cursor = await conn.execute(
+            ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + FETCH_PENDING_SQL).encode(),
+            fetch_pending_params(limit),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    assert plan["Actual Rows"] == limit
+    # Counted, not timed: what one pass reads must be a small multiple of its
+    # batch however large the backlog behind it (15 000 rows here).
+    assert _rows_read(plan) <= 10 * limit, plan
+    assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] <= 10 * limit, plan
+
+    handed: list[OutboxRow] = []
+
+    async def publish(rows: list[OutboxRow]) -> list[str | None]:
+        handed.extend(rows)
+        return [None] * len(rows)
+
+    result = await outbox.relay_batch(publish, limit=limit)
+    assert (result.fetched, result.published) == (limit, limit)
+    # Oldest first: the batch is the head of the backlog, in id order.
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT min(id) FROM workflow_run_events_outbox WHERE status = 'PENDING'"
+        )
+        first_left = await cursor.fetchone()
+    assert first_left is not None
+    ids = [row.id for row in handed]
+    assert ids == sorted(ids)
+    assert ids[-1] < first_left[0]
+    assert await outbox.pending_count() == jobs * per_job - limit

@@ -93,8 +93,39 @@ def build_event(
     if result is not None:
         event.result.update(result)
     event.occurred_at.FromDatetime(occurred_at)
-    check_outgoing(event)
+    # Every commit point builds one of these, so the rules are first checked by
+    # a plain-Python mirror of them; only an event the mirror doubts goes to
+    # protovalidate, which then decides (and words the refusal).
+    if not event_obeys_rules(event):
+        check_outgoing(event)
     return event
+
+
+# The rules of WorkflowRunEvent as declared in events.proto, in plain Python.
+# protovalidate stays the authority: this mirror may only answer True for an
+# event protovalidate accepts. tests/unit/test_contract.py proves it answers
+# exactly as protovalidate does over every event type and every rule, and pins
+# the declared rules, so editing them in the .proto fails until this follows.
+_DEFINED_EVENT_TYPES = frozenset(
+    value.number for value in WorkflowRunEvent.DESCRIPTOR.enum_types_by_name["Type"].values
+) - {EventType.TYPE_UNSPECIFIED}
+_NEEDS_STEP_NAME = frozenset({EventType.TYPE_STEP_CHECKPOINT, EventType.TYPE_WAITING})
+_NEEDS_ERROR = frozenset({EventType.TYPE_FAILED, EventType.TYPE_DEAD})
+
+
+def event_obeys_rules(event: WorkflowRunEvent) -> bool:
+    """True when ``event`` meets every rule protovalidate would check on it."""
+    kind = event.type
+    return (
+        kind in _DEFINED_EVENT_TYPES
+        and _UUID_TEXT.fullmatch(event.job_id) is not None
+        and event.workflow_name != ""
+        and event.attempt >= 0
+        and event.HasField("occurred_at")
+        and (kind != EventType.TYPE_COMPLETED or event.verdict != "")
+        and (kind not in _NEEDS_ERROR or event.error != "")
+        and (kind not in _NEEDS_STEP_NAME or event.step_name != "")
+    )
 
 
 def encode_event(event: WorkflowRunEvent) -> bytes:
@@ -159,6 +190,7 @@ __all__ = [
     "check_outgoing",
     "decode_event",
     "encode_event",
+    "event_obeys_rules",
     "events_pb2",
     "from_json",
     "parse_job_id",

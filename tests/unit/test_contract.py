@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +21,7 @@ from schemas.contract import (
     check_incoming,
     decode_event,
     encode_event,
+    event_obeys_rules,
     parse_job_id,
     violations,
     with_event_id,
@@ -211,3 +213,142 @@ def test_with_event_id_overrides_an_id_already_encoded() -> None:
     original = event(EventType.TYPE_ACCEPTED)
     original.event_id = 7
     assert decode_event(with_event_id(encode_event(original), 8)).event_id == 8
+
+
+# --------------------------------------------------------------------------- the rule mirror
+
+# What events.proto declares today, as protovalidate reads it. event_obeys_rules
+# mirrors exactly these; a change here means the mirror must change with it.
+DECLARED_EVENT_RULES = {
+    "": [
+        ("event.completed_has_verdict", "this.type != 4 || this.verdict != ''"),
+        ("event.failure_has_error", "!(this.type == 5 || this.type == 6) || this.error != ''"),
+        ("event.step_names_step", "!(this.type == 2 || this.type == 3) || this.step_name != ''"),
+    ],
+    "message rule kinds": ["cel"],
+    "job_id": "string {\n  uuid: true\n}\n",
+    "type": "enum {\n  defined_only: true\n  not_in: 0\n}\n",
+    "workflow_name": "string {\n  min_len: 1\n}\n",
+    "attempt": "int32 {\n  gte: 0\n}\n",
+    "occurred_at": "required: true\n",
+}
+
+
+def _declared_event_rules() -> dict[str, Any]:
+    from schemas.gen.buf.validate import validate_pb2
+
+    # The generated stubs type the extensions as plain field descriptors.
+    extensions: Any = validate_pb2
+    descriptor = WorkflowRunEvent.DESCRIPTOR
+    message_rules = descriptor.GetOptions().Extensions[extensions.message]
+    declared: dict[str, Any] = {
+        "": [(rule.id, rule.expression) for rule in message_rules.cel],
+    }
+    # Anything besides CEL rules on the message (oneof rules, say) shows up here.
+    declared["message rule kinds"] = [field.name for field, _ in message_rules.ListFields()]
+    for field in descriptor.fields:
+        options = field.GetOptions()
+        if options.HasExtension(extensions.field):
+            declared[field.name] = str(options.Extensions[extensions.field])
+    return declared
+
+
+def test_the_mirror_knows_every_declared_event_rule() -> None:
+    assert _declared_event_rules() == DECLARED_EVENT_RULES
+
+
+# Every declared type, the unset one, and numbers no type has.
+_EVENT_TYPES = [*range(8), 99]
+_JOB_IDS = [
+    JOB_ID,
+    JOB_ID.upper(),
+    "",
+    JOB_ID.replace("-", ""),
+    "{" + JOB_ID + "}",
+    "urn:uuid:" + JOB_ID,
+    JOB_ID + "\n",
+    JOB_ID[:-1] + "g",
+    JOB_ID[:-1] + "\u0663",  # an Arabic-Indic digit: a digit, but not hex
+]
+
+
+def _raw_event(
+    event_type: int,
+    job_id: str,
+    workflow_name: str,
+    attempt: int,
+    stamped: bool,
+    step_name: str,
+    verdict: str,
+    error: str,
+) -> WorkflowRunEvent:
+    # Built field by field, without build_event, so invalid events can exist.
+    built = WorkflowRunEvent(
+        job_id=job_id,
+        workflow_name=workflow_name,
+        attempt=attempt,
+        step_name=step_name,
+        verdict=verdict,
+        error=error,
+    )
+    built.type = event_type  # type: ignore[assignment]
+    if stamped:
+        built.occurred_at.FromDatetime(WHEN)
+    return built
+
+
+def test_the_mirror_agrees_with_protovalidate_on_every_combination() -> None:
+    combinations = list(
+        itertools.product(
+            _EVENT_TYPES,
+            _JOB_IDS,
+            ("", "n", "é"),  # workflow_name
+            (-1, 0, 3),  # attempt
+            (True, False),  # occurred_at set
+            ("", "tokenize"),  # step_name
+            ("", "ok"),  # verdict
+            ("", "boom"),  # error
+        )
+    )
+    assert len(combinations) == 9 * 9 * 3 * 3 * 2 * 2 * 2 * 2
+    for combination in combinations:
+        built = _raw_event(*combination)
+        assert event_obeys_rules(built) == (violations(built) == []), built
+
+
+@given(
+    event_type=st.integers(min_value=-1, max_value=8),
+    job_id=st.one_of(st.uuids().map(str), st.text(max_size=40)),
+    workflow_name=st.text(max_size=3),
+    attempt=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    stamped=st.booleans(),
+    step_name=st.text(max_size=3),
+    verdict=st.text(max_size=3),
+    error=st.text(max_size=3),
+)
+def test_the_mirror_agrees_with_protovalidate_on_any_event(
+    event_type: int,
+    job_id: str,
+    workflow_name: str,
+    attempt: int,
+    stamped: bool,
+    step_name: str,
+    verdict: str,
+    error: str,
+) -> None:
+    built = _raw_event(
+        event_type, job_id, workflow_name, attempt, stamped, step_name, verdict, error
+    )
+    assert event_obeys_rules(built) == (violations(built) == [])
+
+
+def test_payloads_do_not_change_the_verdict() -> None:
+    # Struct payloads carry no rules: a large response or result is judged by
+    # the envelope alone, by both.
+    for event_type, fields in [
+        (EventType.TYPE_STEP_CHECKPOINT, {"step_name": "s", "response": {"a": [1, {"b": None}]}}),
+        (EventType.TYPE_COMPLETED, {"verdict": "v", "result": {"x": "y" * 1000}}),
+    ]:
+        built = event(event_type, **fields)
+        assert event_obeys_rules(built)
+        assert violations(built) == []

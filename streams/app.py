@@ -77,6 +77,10 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
         # outage: its offset was not acknowledged, so the partition's next
         # owner gets it again, and submitting is idempotent on job_id.
         stream_wait_empty=False,
+        broker_session_timeout=settings.broker_session_timeout_s,
+        broker_rebalance_timeout=settings.broker_session_timeout_s,
+        # The group needs a few heartbeats per session timeout to keep a member.
+        broker_heartbeat_interval=min(3.0, settings.broker_session_timeout_s / 3),
         Worker=Worker,
         **options,
     )

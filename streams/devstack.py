@@ -228,7 +228,10 @@ class DevStack:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="wfjobs-dev-"))
         self._handlers = tuple(handlers)
-        self._worker_env = dict(worker_env or {})
+        # Tansu holds a group join for about half the session timeout: with the
+        # production default a fresh worker would read its first request only
+        # about half a minute after the stack is up.
+        self._worker_env = {"WFJOBS_BROKER_SESSION_TIMEOUT_S": "6", **(worker_env or {})}
         self.postgres = PostgresService("")  # always embedded, whatever DATABASE_URL says
         self.tansu = TansuService()
         self.database_url = ""

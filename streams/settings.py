@@ -55,6 +55,12 @@ class Settings:
     requests_dlq_topic: str = field(default="", metadata={"env": "WFJOBS_REQUESTS_DLQ_TOPIC"})
     # Also the Faust app id, which Faust uses as the Kafka consumer group id.
     consumer_group: str = field(default="workflow-jobs-worker", metadata={"env": "WFJOBS_GROUP"})
+    # How long the group waits for a silent member, and for members to rejoin
+    # during a rebalance. Some brokers (Tansu among them) hold a join for about
+    # half of it, so a small value makes a development worker consume sooner.
+    broker_session_timeout_s: float = field(
+        default=60.0, metadata={"env": "WFJOBS_BROKER_SESSION_TIMEOUT_S"}
+    )
 
     # Claim loops.
     claim_loops: int = field(default=4, metadata={"env": "WFJOBS_CLAIM_LOOPS"})
@@ -189,6 +195,7 @@ class Settings:
             "topic_partitions",
             "topic_replicas",
             "store_retry_max_s",
+            "broker_session_timeout_s",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:

@@ -52,6 +52,7 @@ def test_the_app_is_configured_from_settings() -> None:
             "KAFKA_BOOTSTRAP_SERVERS": "k1:1,k2:2",
             "WFJOBS_WEB_PORT": "7001",
             "WFJOBS_WEB_HOST": "0.0.0.0",
+            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
         }
     )
     runtime = Runtime(settings)
@@ -62,7 +63,16 @@ def test_the_app_is_configured_from_settings() -> None:
     assert app.conf.web_bind == "0.0.0.0"
     assert app.conf.topic_disable_leader is True
     assert str(app.conf.store) == "memory:"
+    assert app.conf.broker_session_timeout == 6.0
+    assert app.conf.broker_rebalance_timeout == 6.0
+    assert app.conf.broker_heartbeat_interval == 2.0
     assert app.wfjobs_runtime is runtime
+
+
+def test_the_session_timeout_defaults_to_a_minute() -> None:
+    app: Any = create_app(Settings.from_env({"WFJOBS_GROUP": "g3"}))
+    assert app.conf.broker_session_timeout == 60.0
+    assert app.conf.broker_heartbeat_interval == 3.0
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

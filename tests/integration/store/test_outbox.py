@@ -313,3 +313,43 @@ async def test_a_pass_costs_its_batch_not_the_backlog_whatever_the_statistics_sa
     assert ids == sorted(ids)
     assert ids[-1] < first_left[0]
     assert await outbox.pending_count() == jobs * per_job - limit
+
+
+async def test_a_backlog_of_one_job_larger_than_the_window_drains_in_order_with_two_relays(
+    store: RunStore, outbox: Outbox
+) -> None:
+    # One job with far more PENDING rows than the fetch window (four batches)
+    # and two relays at once: the one that does not hold the job's head must
+    # come away empty rather than take rows behind it, and the job's rows must
+    # reach the "topic" in commit order, every one exactly once.
+    await submit(store)
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    for step in range(120):
+        await store.checkpoint(claimed.lease, entry(f"step-{step}", n=step))
+    expected = [row.id for row in await outbox.events_for(claimed.job_id)]
+    assert len(expected) == 121
+
+    topic: list[int] = []
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_publish(rows: list[OutboxRow]) -> list[str | None]:
+        holding.set()
+        await release.wait()
+        topic.extend(row.id for row in rows)
+        return [None] * len(rows)
+
+    async def publish(rows: list[OutboxRow]) -> list[str | None]:
+        topic.extend(row.id for row in rows)
+        return [None] * len(rows)
+
+    first = asyncio.create_task(outbox.relay_batch(slow_publish, limit=25))
+    await holding.wait()
+    second = await outbox.relay_batch(publish, limit=25)
+    assert second.fetched == 0
+    release.set()
+    assert (await first).published == 25
+    while (await outbox.relay_batch(publish, limit=25)).fetched:
+        pass
+    assert topic == expected

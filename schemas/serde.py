@@ -21,6 +21,7 @@ zero byte (tag 0 is not a valid field), so a leading ``0`` always means framing.
 
 from __future__ import annotations
 
+import abc
 import io
 import json
 from collections.abc import Mapping
@@ -117,7 +118,7 @@ class PlainProtobufSerializer:
         return event_bytes
 
 
-class _RegistryFraming:
+class _RegistryFraming(abc.ABC):
     """The Confluent header of one subject, ``<topic>-value``: magic byte and schema id.
 
     ``prepare`` does the registry round trip once; ``_register`` says how a
@@ -153,8 +154,9 @@ class _RegistryFraming:
         if self._header is None:
             self._header = self._register()
 
+    @abc.abstractmethod
     def _register(self) -> bytes:
-        raise NotImplementedError
+        """Register (or look up) the schema and return the frame header."""
 
 
 class ProtobufFramer(_RegistryFraming):

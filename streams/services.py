@@ -15,6 +15,7 @@ Run one by hand with ``python -m streams.services {postgres|kafka|tansu}``.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import atexit
 import contextlib
@@ -234,7 +235,7 @@ class Service(Protocol):
     def exit_code(self) -> int | None: ...
 
 
-class _ServiceBase:
+class _ServiceBase(abc.ABC):
     """What the services share: a child process, a scratch directory, ``with`` support."""
 
     _process: ManagedProcess | None = None
@@ -242,11 +243,13 @@ class _ServiceBase:
     # Services holding a process or a directory, so the exit hook can release them.
     _holding: set[_ServiceBase] = set()
 
+    @abc.abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the server, or adopt the one the environment names."""
 
+    @abc.abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop what ``start`` started, by pid."""
 
     @property
     def pid(self) -> int | None:

@@ -209,25 +209,24 @@ def make_registry(calls: CallLog | None = None) -> HandlerRegistry:
     log = calls if calls is not None else CallLog()
     registry = HandlerRegistry()
 
-    @registry.handler(TOKENIZE)
-    async def tokenize(request: Any, ctx: StepContext) -> Message:
-        log.record(TOKENIZE, ctx.idempotency_key, ctx.attempt)
+    async def enter(method: str, request: Any, ctx: StepContext) -> None:
+        # What every counted handler does first: count, linger, inject its fault.
+        log.record(method, ctx.idempotency_key, ctx.attempt)
         if request.delay_ms:
             await asyncio.sleep(request.delay_ms / 1000)
         fault = active_fault(request.fail, ctx.attempt)
         if fault:
             _raise_handler_fault(fault)
+
+    @registry.handler(TOKENIZE)
+    async def tokenize(request: Any, ctx: StepContext) -> Message:
+        await enter(TOKENIZE, request, ctx)
         ids = tokenize_ids(request.text)
         return ctx.response_type(ids=ids, count=len(ids))
 
     @registry.handler(EMBED)
     async def embed(request: Any, ctx: StepContext) -> Message:
-        log.record(EMBED, ctx.idempotency_key, ctx.attempt)
-        if request.delay_ms:
-            await asyncio.sleep(request.delay_ms / 1000)
-        fault = active_fault(request.fail, ctx.attempt)
-        if fault:
-            _raise_handler_fault(fault)
+        await enter(EMBED, request, ctx)
         vector = embed_vector(list(request.ids))
         return ctx.response_type(vector=vector, dimensions=len(vector))
 

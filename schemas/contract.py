@@ -12,7 +12,7 @@ import protovalidate
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from schemas.errors import ContractViolation, InvalidArgument
+from schemas.errors import ContractViolation, EventTooLarge, InvalidArgument
 from schemas.gen.workflowjobs.v1 import api_pb2, events_pb2, requests_pb2
 
 WorkflowRunEvent = events_pb2.WorkflowRunEvent
@@ -133,6 +133,56 @@ def encode_event(event: WorkflowRunEvent) -> bytes:
     return event.SerializeToString(deterministic=True)
 
 
+# The largest encoded event a commit point may write. Kafka brokers accept about
+# 1 MiB per message by default, and librdkafka's producer refuses a message
+# whose key, value and record overhead pass 1 000 000 bytes; the relay adds the
+# event id and the registry framing (a few dozen bytes with the key). An event
+# past the limit would sit in the outbox as a FAILED row, so it is refused
+# before it is committed.
+DEFAULT_MAX_EVENT_BYTES = 990_000
+# Below this a FAILED event with a useful error could not fit.
+MIN_EVENT_BYTES = 16_384
+
+
+def refuse_oversize(size: int, max_bytes: int, what: str, detail: str = "") -> None:
+    """``EventTooLarge`` naming ``what``, its size and the limit, when ``size`` is above it."""
+    if size > max_bytes:
+        raise EventTooLarge(
+            f"{what} would be {size:,} bytes, above the event size limit of {max_bytes:,} "
+            f"bytes (WFJOBS_MAX_EVENT_BYTES){detail}"
+        )
+
+
+def encode_event_within(event: WorkflowRunEvent, max_bytes: int) -> bytes:
+    """``encode_event``, refused with ``EventTooLarge`` when the bytes exceed ``max_bytes``."""
+    payload = encode_event(event)
+    if len(payload) > max_bytes:
+        kind = EventType.Name(event.type).removeprefix("TYPE_")
+        step = f" of step {event.step_name!r}" if event.step_name else ""
+        refuse_oversize(
+            len(payload),
+            max_bytes,
+            f"the {kind} event{step} of job {event.job_id}",
+            _largest_field(event),
+        )
+    return payload
+
+
+def _largest_field(event: WorkflowRunEvent) -> str:
+    # Says which part to shrink: nearly always the response or the result.
+    largest, largest_size = "", 0
+    for field, value in event.ListFields():
+        if isinstance(value, Message):
+            size = value.ByteSize()
+        elif isinstance(value, str):
+            size = len(value.encode())
+        else:
+            continue
+        if size > largest_size:
+            largest, largest_size = field.name, size
+    return f"; its {largest} alone is {largest_size:,} bytes" if largest else ""
+
+
 def with_event_id(payload: bytes, event_id: int) -> bytes:
     """Set ``event_id`` (field 1) on an encoded event without decoding it.
 
@@ -181,6 +231,8 @@ def from_json(data: Mapping[str, Any], message: Message) -> Message:
 
 
 __all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "MIN_EVENT_BYTES",
     "EventType",
     "WorkflowRunEvent",
     "WorkflowRunRequest",
@@ -190,10 +242,12 @@ __all__ = [
     "check_outgoing",
     "decode_event",
     "encode_event",
+    "encode_event_within",
     "event_obeys_rules",
     "events_pb2",
     "from_json",
     "parse_job_id",
+    "refuse_oversize",
     "requests_pb2",
     "to_json",
     "violations",

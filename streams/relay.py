@@ -1,11 +1,25 @@
 """The outbox relay: PENDING outbox rows to ``workflow-run-events``, at least once.
 
-Each pass hands the store a ``publish`` callback. The store selects the oldest
-PENDING rows (``FOR UPDATE SKIP LOCKED``, never two relays on one job's rows at
-once), ``publish`` produces every row keyed by ``job_id`` and waits for the
-broker's answer to each, and the store marks the acked rows PUBLISHED and
-records the error of every other one (FAILED after ``max_attempts``), all before
-its locks are released. Nothing is marked PUBLISHED that the broker did not ack.
+Each pass hands the store a ``publish`` callback. The store leases the oldest
+PENDING rows in one short transaction (``FOR UPDATE SKIP LOCKED`` on the heads,
+never two relays on one job's rows at once) and commits; ``publish`` then
+produces every row keyed by ``job_id`` and waits for the broker's answer to
+each, with no transaction open and no connection held; the store records the
+outcomes in one statement fenced on the lease. Nothing is marked PUBLISHED
+that the broker did not ack.
+
+Faults are told apart in one place, ``classify_fault``:
+
+* transient (broker or registry unreachable, timeouts, no leader, anything not
+  known to be the record's own fault): the row spends no attempt and is handed
+  back. When nothing of a pass went out, the relay backs off (capped,
+  jittered, exponential in the passes that failed in a row) and a NOTIFY does
+  not cut the pause short; when some rows went out, only the faulted rows
+  wait out the pause and the relay carries on with the rest.
+* permanent (the record is too large for the topic, the registry refuses the
+  schema as incompatible, the payload cannot be serialized): the row is FAILED
+  at once with the reason, logged at ERROR with its id and job id, and holds
+  back the later rows of its job until an operator redrives it.
 
 Per-job order: one job's rows come in id order within a batch, they share a key
 and so a partition, and the producer is idempotent with at most five requests in
@@ -21,23 +35,94 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
+import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from google.protobuf.message import Error as ProtobufError
 
 from schemas.contract import with_event_id
+from schemas.errors import ContractViolation, InvalidArgument
 from schemas.serde import EventSerializer, event_serializer
+from store.outbox import Backlog, PublishFailure, RelayResult
+from streams.health import PartHealth
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
 _NOT_REPORTED = "no delivery report from the producer"
+# How often the loop reads the backlog (oldest PENDING age, FAILED rows) for health.
+BACKLOG_EVERY_S = 5.0
+
+
+class Fault(enum.Enum):
+    """Whether trying the same row again can ever help."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
+# Broker answers that are a property of the record itself: sending it again,
+# to this topic, can only be refused again.
+_PERMANENT_KAFKA_CODES = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError._BAD_MSG,
+        KafkaError._KEY_SERIALIZATION,
+        KafkaError._VALUE_SERIALIZATION,
+    }
+)
+# A batch too large for the topic is refused as a whole, so a small record
+# batched with a large one gets the large one's refusal; such rows are sent
+# again one by one before any of them is judged.
+_SIZE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# The registry's answers about the schema itself: 409 incompatible with the
+# subject's history, 422 not a valid schema.
+_PERMANENT_REGISTRY_STATUSES = frozenset({409, 422})
+
+
+def classify_fault(error: KafkaError | BaseException) -> Fault:
+    """Transient or permanent: the one place that decides whether a row is dead.
+
+    Permanent only when the fault is known to be the record's own (its size,
+    its bytes, a schema the registry refuses). Everything else, from a broker
+    that does not answer to a missing ACL or an unknown error code, is
+    transient: the row waits and the relay's health says it is stuck, so an
+    operator can fix the cause without losing a single event.
+    """
+    if isinstance(error, KafkaException):
+        inner = error.args[0] if error.args else None
+        return classify_fault(inner) if isinstance(inner, KafkaError) else Fault.TRANSIENT
+    if isinstance(error, KafkaError):
+        if error.fatal():
+            # An idempotent producer's fatal state: a new producer sends the row again.
+            return Fault.TRANSIENT
+        return Fault.PERMANENT if error.code() in _PERMANENT_KAFKA_CODES else Fault.TRANSIENT
+    if isinstance(error, SchemaRegistryError):
+        if error.http_status_code in _PERMANENT_REGISTRY_STATUSES:
+            return Fault.PERMANENT
+        return Fault.TRANSIENT
+    if isinstance(
+        error, InvalidArgument | ContractViolation | ProtobufError | ValueError | TypeError
+    ):
+        # The payload cannot become a Kafka value (undecodable bytes, a value
+        # the Avro schema does not admit, an event breaking its rules).
+        return Fault.PERMANENT
+    return Fault.TRANSIENT
 
 
 class RelayRow(Protocol):
@@ -51,17 +136,24 @@ class RelayRow(Protocol):
     def payload(self) -> bytes: ...
 
 
-Publish = Callable[[list[Any]], Awaitable[list[str | None]]]
+Publish = Callable[[list[Any]], Awaitable[Sequence[PublishFailure | None]]]
 
 
 class RelayOutbox(Protocol):
     """The store's side of a pass (``store.outbox.Outbox``)."""
 
-    def relay_batch(self, publish: Publish, limit: int = ...) -> Awaitable[object]: ...
+    def relay_batch(
+        self, publish: Publish, limit: int = ..., *, owner: str = ...
+    ) -> Awaitable[RelayResult]: ...
+
+    def backlog(self) -> Awaitable[Backlog]: ...
 
 
 def producer_config(
-    bootstrap_servers: str, overrides: Mapping[str, Any] | None = None
+    bootstrap_servers: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    message_timeout_ms: int = DEFAULT_MESSAGE_TIMEOUT_MS,
 ) -> dict[str, Any]:
     """The relay producer's settings; ``overrides`` win (timeouts in tests, TLS in prod)."""
     config: dict[str, Any] = {
@@ -76,8 +168,9 @@ def producer_config(
         # leave as a few requests instead of one per row.
         "linger.ms": 5,
         # Every message gets a delivery report within this time, ack or error, so
-        # a flush never waits forever on an unreachable broker.
-        "message.timeout.ms": DEFAULT_MESSAGE_TIMEOUT_MS,
+        # a flush never waits forever on an unreachable broker. It is also how
+        # long a pass waits before it learns the broker is away.
+        "message.timeout.ms": message_timeout_ms,
     }
     config.update(overrides or {})
     return config
@@ -87,8 +180,14 @@ def producer_config(
 class RelayStats:
     passes: int = 0
     published: int = 0
+    # Rows FAILED for good.
     failed: int = 0
+    # Rows handed back after a transient fault.
+    transient: int = 0
+    # Passes that raised (store unreachable, a bug).
     errors: int = 0
+    # Passes in a row that published nothing for a fault; reset by a pass that publishes.
+    failing_passes: int = 0
 
 
 class OutboxRelay:
@@ -97,6 +196,7 @@ class OutboxRelay:
     ``start()`` runs it as a task on the current loop and ``stop()`` ends it,
     flushing the producer; ``run_until_stopped()`` is the same loop for callers
     that manage the task themselves. ``relay_once()`` is one pass, for tests.
+    ``health()`` says whether it is publishing (``streams.health``).
     """
 
     def __init__(
@@ -110,9 +210,11 @@ class OutboxRelay:
         batch: int = 100,
         wake: asyncio.Event | None = None,
         name: str = "relay",
+        backoff_max_s: float = 30.0,
+        stuck_after_s: float = 120.0,
     ) -> None:
-        if batch <= 0 or interval_s <= 0:
-            raise ValueError("batch and interval_s must be positive")
+        if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
+            raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
         self._outbox = outbox
         self._producer_config = dict(producer_config)
         self._topic = topic
@@ -120,6 +222,8 @@ class OutboxRelay:
         self._interval_s = interval_s
         self._batch = batch
         self._name = name
+        self._backoff_max_s = backoff_max_s
+        self._stuck_after_s = stuck_after_s
         timeout_ms = int(
             self._producer_config.get("message.timeout.ms", DEFAULT_MESSAGE_TIMEOUT_MS)
         )
@@ -132,7 +236,15 @@ class OutboxRelay:
         self._wake = wake if wake is not None else asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._random = random.Random()
         self.stats = RelayStats()
+        # What health() reports, all kept in memory.
+        self._last_publish_at: float | None = None  # wall clock, for operators
+        self._last_pass_ok: bool | None = None
+        self._last_error = ""
+        self._blocked_since: float | None = None  # monotonic
+        self._backlog: Backlog | None = None
+        self._backlog_read_at = -BACKLOG_EVERY_S  # monotonic
 
     # -- lifecycle
 
@@ -143,6 +255,10 @@ class OutboxRelay:
     @property
     def serializer(self) -> EventSerializer:
         return self._serializer
+
+    @property
+    def producer_config(self) -> Mapping[str, Any]:
+        return self._producer_config
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
@@ -169,25 +285,43 @@ class OutboxRelay:
 
     async def run_until_stopped(self) -> None:
         log.info("%s: publishing to %s", self._name, self._topic)
-        failures = 0
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
-                    handled = await self.relay_once()
-                    failures = 0
-                except Exception:
-                    # A store or registry outage must not end the worker: log it
-                    # and try again after a growing pause.
-                    failures += 1
+                    result = await self.relay_once()
+                except Exception as exc:
+                    # A store outage must not end the worker: log it and try
+                    # again after a growing pause.
                     self.stats.errors += 1
-                    log.exception("%s: pass failed (%d in a row)", self._name, failures)
-                    await self._idle(min(self._interval_s * 2**failures, 30.0))
+                    self._note_blocked(f"{type(exc).__name__}: {exc}")
+                    log.exception(
+                        "%s: pass failed (%d in a row)", self._name, self.stats.failing_passes
+                    )
+                    await self._back_off()
                     continue
-                if handled < self._batch:
+                await self._read_backlog()
+                if result.transient and not result.published:
+                    await self._back_off()
+                elif result.fetched < self._batch:
                     await self._idle(self._interval_s)
         finally:
             await self._close()
+
+    def _backoff_s(self) -> float:
+        """The pause after ``failing_passes`` fruitless passes: exponential, capped, jittered."""
+        exponent = min(self.stats.failing_passes, 30)
+        ceiling = min(self._backoff_max_s, self._interval_s * 2.0**exponent)
+        # Jitter spreads the retries of a fleet of relays that failed together.
+        return ceiling * self._random.uniform(0.5, 1.0)
+
+    async def _back_off(self) -> None:
+        # Only stop() ends the pause: outbox NOTIFYs keep coming while the
+        # broker is away, and must not turn the pause into back-to-back retries.
+        if self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=self._backoff_s())
 
     async def _idle(self, seconds: float) -> None:
         if self._stopping.is_set():
@@ -206,63 +340,180 @@ class OutboxRelay:
 
     # -- one pass
 
-    async def relay_once(self) -> int:
-        """One ``relay_batch`` pass; returns how many rows it handed to ``publish``."""
+    async def relay_once(self) -> RelayResult:
+        """One ``relay_batch`` pass: lease, publish, settle."""
+
+        async def publish(rows: list[Any]) -> list[PublishFailure | None]:
+            outcomes = await self.publish(rows)
+            if any(outcome is None for outcome in outcomes):
+                # Some rows went out, so the relay carries on at once: the rows
+                # that met a transient fault wait out the pause on their own.
+                pause = self._backoff_s()
+                outcomes = [
+                    PublishFailure(o.reason, permanent=False, retry_after_s=pause)
+                    if o is not None and not o.permanent
+                    else o
+                    for o in outcomes
+                ]
+            return outcomes
+
+        result = await self._outbox.relay_batch(publish, self._batch, owner=self._name)
+        self.stats.passes += 1
+        self._record(result)
+        return result
+
+    def _record(self, result: RelayResult) -> None:
+        self.stats.published += result.published
+        self.stats.failed += result.failed
+        self.stats.transient += result.transient
+        for dead in result.dead_letters:
+            log.error(
+                "%s: outbox row %d of job %s FAILED for good, holding back the job's "
+                "later events until it is redriven: %s",
+                self._name,
+                dead.id,
+                dead.job_id,
+                dead.reason,
+            )
+        if result.lost:
+            log.warning(
+                "%s: the lease on %d row(s) ran out before their outcome was recorded; "
+                "they will be sent again",
+                self._name,
+                result.lost,
+            )
+        if result.published:
+            self._last_publish_at = time.time()
+            self.stats.failing_passes = 0
+            self._blocked_since = None
+        if result.transient:
+            self._last_pass_ok = False
+            if not result.published:
+                self._note_blocked(self._last_error or "transient publish fault")
+        elif result.fetched:
+            self._last_pass_ok = True
+            self.stats.failing_passes = 0
+            self._blocked_since = None
+        else:
+            # Nothing publishable right now: the relay is not the one stuck.
+            self.stats.failing_passes = 0
+            self._blocked_since = None
+
+    def _note_blocked(self, error: str) -> None:
+        self.stats.failing_passes += 1
+        self._last_error = error
+        self._last_pass_ok = False
+        if self._blocked_since is None:
+            self._blocked_since = time.monotonic()
+
+    async def _read_backlog(self) -> None:
+        now = time.monotonic()
+        if now - self._backlog_read_at < BACKLOG_EVERY_S:
+            return
+        self._backlog_read_at = now
+        try:
+            self._backlog = await self._outbox.backlog()
+        except Exception as exc:
+            # Health only; the next pass meets the same store and says why.
+            log.debug("%s: backlog not read: %s", self._name, exc)
+
+    async def _prepare(self) -> None:
         if not self._prepared:
             # Registers or looks up the schema id: blocking HTTP, done once.
             await asyncio.to_thread(self._serializer.prepare)
             self._prepared = True
             log.info("%s: events as %s", self._name, self._serializer.description)
-        handled = 0
 
-        async def publish(rows: list[Any]) -> list[str | None]:
-            nonlocal handled
-            handled = len(rows)
-            return await self.publish(rows)
-
-        await self._outbox.relay_batch(publish, self._batch)
-        self.stats.passes += 1
-        return handled
-
-    async def publish(self, rows: Sequence[RelayRow]) -> list[str | None]:
-        """Produce ``rows`` in order and wait for the broker: ``None`` per ack, else the error."""
+    async def publish(self, rows: Sequence[RelayRow]) -> list[PublishFailure | None]:
+        """Produce ``rows`` in order and wait for the broker: ``None`` per ack, else why not."""
         if not rows:
             return []
+        try:
+            await self._prepare()
+        except Exception as exc:
+            failure = self._failure(exc, "schema registry")
+            return [failure] * len(rows)
         producer = self._ensure_producer()
-        results: list[str | None] = [_NOT_REPORTED] * len(rows)
+        outcomes: list[PublishFailure | None] = [None] * len(rows)
+        reports: list[KafkaError | KafkaException | str | None] = [_NOT_REPORTED] * len(rows)
+        values: dict[int, bytes] = {}
         failed_jobs: set[str] = set()
-        pending = 0
         for index, row in enumerate(rows):
             key = str(row.job_id)
             if key in failed_jobs:
-                # An earlier event of this job was not even handed to the producer;
+                # An earlier event of this job did not even reach the producer;
                 # sending this one would put the job's events out of order.
-                results[index] = "held back: an earlier event of this job was not sent"
+                outcomes[index] = PublishFailure(
+                    "held back: an earlier event of this job did not go out", permanent=False
+                )
                 continue
             try:
                 value = self._serializer.serialize(with_event_id(bytes(row.payload), row.id))
             except Exception as exc:
-                results[index] = f"cannot serialize event: {exc}"
+                outcomes[index] = self._failure(exc, "cannot serialize event")
                 failed_jobs.add(key)
                 continue
             error = await self._produce(
-                producer, key, value, functools.partial(_report, results, index)
+                producer, key, value, functools.partial(_report, reports, index)
             )
             if error is not None:
-                results[index] = error
+                outcomes[index] = self._failure(error, "not produced")
                 failed_jobs.add(key)
             else:
-                pending += 1
-        if pending:
-            remaining = await asyncio.to_thread(producer.flush, self._flush_timeout_s)
-            if remaining:
-                log.warning("%s: %d message(s) unacknowledged after flush", self._name, remaining)
-        published = sum(1 for result in results if result is None)
-        self.stats.published += published
-        self.stats.failed += len(results) - published
+                values[index] = value
+        await self._flush(producer, len(values))
+        if len(values) > 1:
+            await self._resend_refused_for_size(producer, rows, values, reports)
+        for index in values:
+            report = reports[index]
+            if isinstance(report, KafkaError | KafkaException):
+                outcomes[index] = self._failure(report, "delivery failed")
+            elif report is not None:
+                outcomes[index] = PublishFailure(report, permanent=False)
         if self._fatal is not None:
             await self._replace_producer()
-        return results
+        return outcomes
+
+    async def _resend_refused_for_size(
+        self,
+        producer: Producer,
+        rows: Sequence[RelayRow],
+        values: dict[int, bytes],
+        reports: list[KafkaError | KafkaException | str | None],
+    ) -> None:
+        """Send the rows refused as too large again, alone and in order: each judged on its own."""
+        refused_jobs: set[str] = set()
+        for index in sorted(values):
+            report = reports[index]
+            if not isinstance(report, KafkaError) or report.code() not in _SIZE_CODES:
+                continue
+            key = str(rows[index].job_id)
+            if key in refused_jobs:
+                continue
+            reports[index] = _NOT_REPORTED
+            error = await self._produce(
+                producer, key, values[index], functools.partial(_report, reports, index)
+            )
+            if error is not None:
+                reports[index] = error
+            else:
+                await self._flush(producer, 1)
+            if reports[index] is not None:
+                refused_jobs.add(key)
+
+    async def _flush(self, producer: Producer, produced: int) -> None:
+        if not produced:
+            return
+        remaining = await asyncio.to_thread(producer.flush, self._flush_timeout_s)
+        if remaining:
+            log.warning("%s: %d message(s) unacknowledged after flush", self._name, remaining)
+
+    def _failure(self, error: KafkaError | BaseException, what: str) -> PublishFailure:
+        reason = f"{what}: {_describe(error)}"
+        fault = classify_fault(error)
+        if fault is Fault.TRANSIENT:
+            self._last_error = reason
+        return PublishFailure(reason, permanent=fault is Fault.PERMANENT)
 
     async def _produce(
         self,
@@ -270,7 +521,7 @@ class OutboxRelay:
         key: str,
         value: bytes,
         on_delivery: Callable[[KafkaError | None, Message], None],
-    ) -> str | None:
+    ) -> KafkaError | KafkaException | None:
         while True:
             try:
                 producer.produce(
@@ -281,7 +532,38 @@ class OutboxRelay:
                 # The local queue is full: let the broker drain some of it.
                 await asyncio.to_thread(producer.poll, 0.1)
             except KafkaException as exc:
-                return _describe(exc.args[0] if exc.args else None) or str(exc)
+                return exc
+
+    # -- health
+
+    def health(self) -> PartHealth:
+        """Stuck when it has not published for ``stuck_after_s`` while rows wait for it."""
+        now = time.monotonic()
+        blocked_for = now - self._blocked_since if self._blocked_since is not None else 0.0
+        stuck = self._blocked_since is not None and blocked_for > self._stuck_after_s
+        detail: dict[str, Any] = {
+            "last_publish_at": (
+                None
+                if self._last_publish_at is None
+                else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._last_publish_at))
+            ),
+            "last_publish_ok": self._last_pass_ok,
+            "unable_to_publish_s": round(blocked_for, 1),
+            "published": self.stats.published,
+        }
+        if self._backlog is not None:
+            age = self._backlog.oldest_pending_age_s
+            detail["oldest_pending_age_s"] = (
+                None if age is None else round(age + now - self._backlog_read_at, 1)
+            )
+            detail["failed_rows"] = self._backlog.failed_rows
+        if stuck:
+            summary = f"cannot publish for {blocked_for:.0f}s: {self._last_error}"
+        elif self._blocked_since is not None:
+            summary = f"retrying after: {self._last_error}"
+        else:
+            summary = "ok"
+        return PartHealth("relay", healthy=not stuck, summary=summary, detail=detail)
 
     # -- producer
 
@@ -310,15 +592,24 @@ class OutboxRelay:
             await asyncio.to_thread(producer.flush, 0)
 
 
-def _report(results: list[str | None], index: int, error: KafkaError | None, _: Message) -> None:
+def _report(
+    reports: list[KafkaError | KafkaException | str | None],
+    index: int,
+    error: KafkaError | None,
+    _: Message,
+) -> None:
     # Runs in the flushing thread; each call writes its own slot only.
-    results[index] = None if error is None else (_describe(error) or "delivery failed")
+    reports[index] = error
 
 
-def _describe(error: Any) -> str | None:
+def _describe(error: Any) -> str:
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        error = error.args[0]
     if isinstance(error, KafkaError):
         return f"{error.name()}: {error.str()}"
-    return None if error is None else str(error)
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return str(error)
 
 
 def build_relay(
@@ -329,7 +620,7 @@ def build_relay(
     producer_overrides: Mapping[str, Any] | None = None,
     name: str | None = None,
 ) -> OutboxRelay:
-    """The relay the settings describe: registry and format, topic, interval, batch."""
+    """The relay the settings describe: registry and format, topic, timings, batch."""
     serializer = event_serializer(
         registry=settings.open_registry(),
         topic=settings.events_topic,
@@ -337,21 +628,29 @@ def build_relay(
     )
     return OutboxRelay(
         outbox,
-        producer_config=producer_config(settings.kafka_bootstrap_servers, producer_overrides),
+        producer_config=producer_config(
+            settings.kafka_bootstrap_servers,
+            producer_overrides,
+            message_timeout_ms=settings.relay_message_timeout_ms,
+        ),
         topic=settings.events_topic,
         serializer=serializer,
         interval_s=settings.relay_interval_s,
         batch=settings.relay_batch,
         wake=wake,
         name=name or f"relay-{settings.worker_id or 'anonymous'}",
+        backoff_max_s=settings.relay_backoff_max_s,
+        stuck_after_s=settings.relay_stuck_after_s,
     )
 
 
 __all__ = [
+    "Fault",
     "OutboxRelay",
     "RelayOutbox",
     "RelayRow",
     "RelayStats",
     "build_relay",
+    "classify_fault",
     "producer_config",
 ]

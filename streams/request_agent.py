@@ -34,10 +34,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from schemas.errors import (
+    EventTooLarge,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from schemas.serde import RequestDecoder, UndecodableMessage
 from store.errors import is_outage
 from streams.convert import struct_to_dict
+from streams.ownership import install_ownership
 
 if TYPE_CHECKING:
     import faust
@@ -126,13 +133,17 @@ class RequestHandler:
         # like an outage: the request stays on the topic until there is room.
         if await self._runtime.admit(job_id) is not None:
             return Outcome("existing", job_id)
-        result = await runs.submit(
-            job_id=job_id,
-            workflow_name=name,
-            definition=stored.definition,
-            definition_hash=compiled.definition_hash,
-            input=normalized,
-        )
+        try:
+            result = await runs.submit(
+                job_id=job_id,
+                workflow_name=name,
+                definition=stored.definition,
+                definition_hash=compiled.definition_hash,
+                input=normalized,
+            )
+        except EventTooLarge as exc:
+            # An input past the event size limit is refused the same way every time.
+            return await self._failed(job_id, name, input_, exc.message)
         if result.created:
             self._runtime.admission.admitted()
         return Outcome("submitted" if result.created else "existing", job_id)
@@ -250,6 +261,9 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
             await manual.ack(event)
 
     app.agent(requests, name="workflow-run-requests")(consume)
+    # Every partition of the topic must have an owner in the group, or no
+    # request on it is ever submitted (see streams.ownership).
+    install_ownership(app, runtime, settings.requests_topic)
 
 
 __all__ = [

@@ -3,7 +3,7 @@
 ``Runtime`` is a mode ``Service`` the Faust app starts and stops. It opens the
 connection pool (applying migrations first only when ``WFJOBS_AUTO_MIGRATE``
 is on), builds the stores, and starts whichever loops the process's roles ask
-for: the claim loops and the sweeper for ``worker``, the outbox relay for
+for: the claim loops, the sweeper and retention for ``worker``, the outbox relay for
 ``relay``, and one LISTEN connection that wakes whichever of them run here.
 Stopping goes in the reverse order, the claim loops first, so a running segment
 can still checkpoint while it finishes.
@@ -25,14 +25,18 @@ import mode
 
 from schemas.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
 from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, create_pool
+from store.retention import RetentionStore
 from store.runs import Job, RunStore, StepVerdict, StepVerifier
 from streams.admission import Admission
 from streams.claims import ClaimLoops
+from streams.health import HealthReport, HealthSource, PartHealth, report
 from streams.listener import Listener
+from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
 from workflows.definition import CompiledWorkflow, DefinitionCache
@@ -66,13 +70,18 @@ class Runtime(mode.Service):
         self.runs: RunStore | None = None
         self.definitions: DefinitionStore | None = None
         self.outbox: Outbox | None = None
+        self.dead_letters: OutboxDeadLetters | None = None
         self.listener: Listener | None = None
         self.claims: ClaimLoops | None = None
         self.sweeper: Sweeper | None = None
+        self.retention: RetentionLoop | None = None
         self.relay: OutboxRelay | None = None
         self.admission = Admission(settings.max_queued_jobs)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
+        # Parts outside the runtime (the request agent, the broker connection)
+        # add themselves here; see ``health_report``.
+        self._health_sources: list[HealthSource] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,9 +124,11 @@ class Runtime(mode.Service):
             retry_base_s=settings.retry_base_s,
             default_max_attempts=settings.max_attempts,
             lease_s=settings.lease_s,
+            max_event_bytes=settings.max_event_bytes,
         )
         self.definitions = DefinitionStore(pool)
-        self.outbox = Outbox(pool, max_attempts=settings.relay_max_attempts)
+        self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
+        self.dead_letters = OutboxDeadLetters(pool)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         if "relay" in settings.roles:
@@ -142,6 +153,16 @@ class Runtime(mode.Service):
             self.claims.start()
             self.sweeper = Sweeper(self.runs, interval_s=settings.sweep_interval_s)
             self.sweeper.start()
+            # A child service: a pass that fails for any reason but an outage
+            # crashes it, and with it the process.
+            self.retention = RetentionLoop(
+                RetentionStore(
+                    pool, batch=settings.retention_batch, pause_s=settings.retention_pause_s
+                ),
+                settings.retention_policy(),
+                interval_s=settings.retention_interval_s,
+            )
+            await self.add_runtime_dependency(self.retention)
         if "relay" in settings.roles:
             # Imported here: the relay pulls in the producer client only where it runs.
             from streams.relay import build_relay
@@ -164,6 +185,8 @@ class Runtime(mode.Service):
             await self.claims.stop(grace_s=self.settings.shutdown_grace_s)
         if self.sweeper is not None:
             await self.sweeper.stop()
+        if self.retention is not None:
+            await self.retention.stop()
         if self.relay is not None:
             await self.relay.stop()
         if self.listener is not None:
@@ -191,6 +214,11 @@ class Runtime(mode.Service):
             raise self._unavailable()
         return self.runs
 
+    def require_dead_letters(self) -> OutboxDeadLetters:
+        if self.dead_letters is None:
+            raise self._unavailable()
+        return self.dead_letters
+
     def require_definitions(self) -> DefinitionStore:
         if self.definitions is None:
             raise self._unavailable()
@@ -212,6 +240,28 @@ class Runtime(mode.Service):
                     return await runs.get(job_id)
             raise
         return None
+
+    def register_health(self, source: HealthSource) -> None:
+        """Report ``source()`` in ``/healthz`` and ``/readyz`` from now on."""
+        self._health_sources.append(source)
+
+    async def health_report(self) -> HealthReport:
+        """Every part running here: the store first, then each loop, then the rest."""
+        parts = [await self._store_health()]
+        for loop in (self.claims, self.sweeper, self.retention, self.relay):
+            health = getattr(loop, "health", None)
+            if callable(health):
+                parts.append(health())
+        parts.extend(source() for source in self._health_sources)
+        return report(parts)
+
+    async def _store_health(self) -> PartHealth:
+        if not self.settings.store_configured:
+            return PartHealth("store", summary="not configured")
+        problem = await self.check_store()
+        if problem:
+            return PartHealth("store", healthy=False, ready=False, summary=problem)
+        return PartHealth("store")
 
     async def check_store(self) -> str:
         """Empty when the store answers, else what is wrong (for /healthz)."""

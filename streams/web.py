@@ -20,7 +20,17 @@ PUT      /v1/workflows/{name}                                PutWorkflowRequest 
                                                              PutWorkflowResponse
 GET      /v1/workflows/{name}                                GetWorkflowResponse
 GET      /v1/workflows                                       ListWorkflowsResponse
-GET      /healthz                                            {"status", "worker_id", ...}
+GET      /v1/outbox?status=FAILED&job_id=&limit=         FAILED outbox rows, oldest first
+         &page_token=
+POST     /v1/outbox:redrive                                  {"ids": [...]} | {"job_id": ...}
+                                                             | {"all": true}: FAILED -> PENDING
+GET      /v1/requests-dlq?max=                               dead-lettered requests
+POST     /v1/requests-dlq:redrive                            {"positions": [{"partition",
+                                                             "offset"}, ...]} | {"all": true}
+GET      /healthz                                            liveness: 503 when a part is
+                                                             stuck (``streams.health``)
+GET      /readyz                                             readiness: 503 while a part is
+                                                             not serving yet
 =======  ==================================================  ==========================
 
 complete-step answers 200 for the outcomes COMPLETED, ALREADY_DONE and REJECTED:
@@ -56,11 +66,19 @@ from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
 from store.definitions import validate_workflow_name
 from store.runs import CompleteStepResult
 from store.states import Status
-from streams.convert import job_message, message_json, stored_workflow_message, struct_to_dict
+from streams.convert import (
+    job_message,
+    job_summary_message,
+    message_json,
+    stored_workflow_message,
+    struct_to_dict,
+)
+from streams.health import HealthReport
 
 if TYPE_CHECKING:
     import faust
 
+    from streams.requests_dlq import Position, RequestsDeadLetters
     from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -79,6 +97,8 @@ HTTP_STATUS: Mapping[str, int] = {
 }
 
 LIST_JOBS_PARAMETERS = ("status", "workflow_name", "limit", "page_token")
+LIST_OUTBOX_PARAMETERS = ("status", "job_id", "limit", "page_token")
+LIST_REQUESTS_DLQ_PARAMETERS = ("max",)
 
 # The aiohttp statuses we render as ErrorBody instead of aiohttp's plain text.
 _FRAMEWORK_CODES: Mapping[int, str] = {
@@ -133,6 +153,39 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     return value
 
 
+def _only_parameters(query: Mapping[str, str], allowed: tuple[str, ...], verb: str) -> None:
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown query parameter(s) {', '.join(unknown)}; {verb} takes {', '.join(allowed)}"
+        )
+
+
+def _int_parameter(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _one_selector(data: Mapping[str, Any], selectors: tuple[str, ...], verb: str) -> str:
+    """The one key of ``selectors`` the body of ``verb`` uses; anything else is refused."""
+    unknown = sorted(set(data) - set(selectors))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown field(s) {', '.join(unknown)}; {verb} takes one of {', '.join(selectors)}"
+        )
+    given = [key for key in selectors if key in data]
+    if len(given) != 1:
+        raise InvalidArgument(f"{verb} takes exactly one of {', '.join(selectors)}")
+    if given[0] == "all" and data["all"] is not True:
+        raise InvalidArgument(f"all must be true when given, got {data['all']!r}")
+    return given[0]
+
+
 def _parse(body: bytes, message: Message, what: str) -> Message:
     from_json(_json_object(body, what), message)
     check_incoming(message)
@@ -144,6 +197,7 @@ class Api:
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self._requests_dlq: RequestsDeadLetters | None = None
 
     @property
     def max_body_bytes(self) -> int:
@@ -217,7 +271,8 @@ class Api:
             page_token=query.get("page_token") or None,
         )
         response = api_pb2.ListJobsResponse(
-            jobs=[job_message(job) for job in page.jobs], next_page_token=page.next_page_token
+            jobs=[job_summary_message(job) for job in page.jobs],
+            next_page_token=page.next_page_token,
         )
         return Reply(200, message_json(response))
 
@@ -295,24 +350,141 @@ class Api:
         )
         return Reply(200, message_json(response))
 
+    # ------------------------------------------------------------------ dead letters
+
+    async def list_outbox(self, query: Mapping[str, str]) -> Reply:
+        """FAILED outbox rows (the relay's dead letters), oldest first."""
+        _only_parameters(query, LIST_OUTBOX_PARAMETERS, "the outbox listing")
+        status = query.get("status", "").strip() or "FAILED"
+        if status != "FAILED":
+            raise InvalidArgument(f"status must be FAILED (the only one listed), got {status!r}")
+        job_id = query.get("job_id", "").strip()
+        page = await self._runtime.require_dead_letters().list_failed(
+            job_id=parse_job_id(job_id) if job_id else None,
+            limit=_int_parameter(query, "limit", 0),
+            page_token=query.get("page_token", "").strip(),
+        )
+        events = [
+            {
+                "id": event.id,
+                "job_id": str(event.job_id),
+                "event_type": event.event_type,
+                "attempts": event.attempts,
+                "last_error": event.last_error or "",
+                "created_at": event.created_at.isoformat(),
+            }
+            for event in page.events
+        ]
+        return Reply(200, {"events": events, "next_page_token": page.next_page_token})
+
+    async def redrive_outbox(self, body: bytes) -> Reply:
+        """FAILED outbox rows back to PENDING: by id, one job's, or all."""
+        data = _json_object(body, "the outbox redrive")
+        selector = _one_selector(data, ("ids", "job_id", "all"), "the outbox redrive")
+        dead_letters = self._runtime.require_dead_letters()
+        if selector == "ids":
+            ids = data["ids"]
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            ):
+                raise InvalidArgument(
+                    f"ids must be a non-empty list of outbox row ids, got {ids!r}"
+                )
+            redriven = await dead_letters.redrive_ids(ids)
+        elif selector == "job_id":
+            if not isinstance(data["job_id"], str):
+                raise InvalidArgument(f"job_id must be a UUID, got {data['job_id']!r}")
+            redriven = await dead_letters.redrive_job(parse_job_id(data["job_id"]))
+        else:
+            redriven = await dead_letters.redrive_all()
+        body_out = {
+            "redriven": [{"id": i, "job_id": str(job)} for i, job in redriven.events],
+            "not_failed": list(redriven.not_failed),
+        }
+        return Reply(200, body_out)
+
+    def requests_dlq(self) -> RequestsDeadLetters:
+        if self._requests_dlq is None:
+            # Imported here: the Kafka clients load only where this is used.
+            from streams.requests_dlq import RequestsDeadLetters
+
+            self._requests_dlq = RequestsDeadLetters.from_settings(self._runtime.settings)
+        return self._requests_dlq
+
+    async def list_requests_dlq(self, query: Mapping[str, str]) -> Reply:
+        """What the request agent dead-lettered, with the reasons."""
+        from streams.requests_dlq import DEFAULT_LIST_MAX
+
+        _only_parameters(query, LIST_REQUESTS_DLQ_PARAMETERS, "the dead-letter listing")
+        dlq = self.requests_dlq()
+        limit = _int_parameter(query, "max", DEFAULT_LIST_MAX)
+        listing = await dlq.list_messages(max_messages=limit)
+        return Reply(
+            200,
+            {
+                "topic": listing.topic,
+                "total": listing.total,
+                "messages": [message.to_json() for message in listing.messages],
+            },
+        )
+
+    async def redrive_requests_dlq(self, body: bytes) -> Reply:
+        """Dead-lettered requests back to the requests topic: by position, or all."""
+        data = _json_object(body, "the dead-letter redrive")
+        selector = _one_selector(data, ("positions", "all"), "the dead-letter redrive")
+        positions: list[Position] | None = None
+        if selector == "positions":
+            raw = data["positions"]
+            if not isinstance(raw, list) or not raw:
+                raise InvalidArgument(
+                    'positions must be a non-empty list of {"partition": P, "offset": O}, '
+                    f"got {raw!r}"
+                )
+            positions = [_position(item) for item in raw]
+        dlq = self.requests_dlq()
+        redriven = await dlq.redrive(positions)
+        return Reply(
+            200,
+            {
+                "topic": dlq.requests_topic,
+                "redriven": [message.to_json() for message in redriven],
+            },
+        )
+
     # ------------------------------------------------------------------ health
 
     async def health(self) -> Reply:
+        """Liveness: 503 when some part is stuck (see ``streams.health``)."""
+        health = await self._runtime.health_report()
+        return Reply(200 if health.healthy else 503, self._health_body(health))
+
+    async def readiness(self) -> Reply:
+        """Readiness: 503 while some part is not serving yet, or is stuck."""
+        health = await self._runtime.health_report()
+        return Reply(200 if health.ready else 503, self._health_body(health))
+
+    def _health_body(self, health: HealthReport) -> dict[str, Any]:
         settings = self._runtime.settings
-        body: dict[str, Any] = {
-            "status": "ok",
-            "worker_id": settings.worker_id,
-            "roles": sorted(settings.roles),
-        }
-        if not settings.store_configured:
-            body["store"] = "not configured"
-            return Reply(200, body)
-        problem = await self._runtime.check_store()
-        if problem:
-            body.update(status="degraded", store=problem)
-            return Reply(503, body)
-        body["store"] = "ok"
-        return Reply(200, body)
+        return health.body(worker_id=settings.worker_id, roles=sorted(settings.roles))
+
+
+def _position(item: Any) -> Position:
+    from streams.requests_dlq import Position
+
+    if (
+        not isinstance(item, dict)
+        or set(item) != {"partition", "offset"}
+        or not all(isinstance(item[k], int) and not isinstance(item[k], bool) for k in item)
+        or item["partition"] < 0
+        or item["offset"] < 0
+    ):
+        raise InvalidArgument(
+            'each of positions is {"partition": P, "offset": O} with non-negative integers, '
+            f"got {item!r}"
+        )
+    return Position(item["partition"], item["offset"])
 
 
 # ---------------------------------------------------------------------- aiohttp plumbing
@@ -382,6 +554,11 @@ def register_views(app: faust.App, api: Api, *, verbs: bool) -> None:
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, api.health)
 
+    @app.page("/readyz")
+    class Ready(View):
+        async def get(self, request: Request, **_: Any) -> Response:
+            return await _respond(self, api.readiness)
+
     if not verbs:
         return
 
@@ -419,6 +596,33 @@ def register_views(app: faust.App, api: Api, *, verbs: bool) -> None:
     class Workflows(View):
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, lambda: api.list_workflows(_query(request)))
+
+    @app.page("/v1/outbox")
+    class OutboxView(View):
+        async def get(self, request: Request, **_: Any) -> Response:
+            return await _respond(self, lambda: api.list_outbox(_query(request)))
+
+    @app.page("/v1/outbox:redrive")
+    class OutboxRedrive(View):
+        async def post(self, request: Request, **_: Any) -> Response:
+            async def call() -> Reply:
+                return await api.redrive_outbox(await read_body(request, api.max_body_bytes))
+
+            return await _respond(self, call)
+
+    @app.page("/v1/requests-dlq")
+    class RequestsDlq(View):
+        async def get(self, request: Request, **_: Any) -> Response:
+            return await _respond(self, lambda: api.list_requests_dlq(_query(request)))
+
+    @app.page("/v1/requests-dlq:redrive")
+    class RequestsDlqRedrive(View):
+        async def post(self, request: Request, **_: Any) -> Response:
+            async def call() -> Reply:
+                body = await read_body(request, api.max_body_bytes)
+                return await api.redrive_requests_dlq(body)
+
+            return await _respond(self, call)
 
     @app.page("/v1/workflows/{name}")
     class StoredWorkflowView(View):

@@ -1,4 +1,4 @@
-"""Session-wide real services: Postgres, Apache Kafka and Tansu.
+"""Session-wide real services: Postgres, Apache Kafka, Tansu and a Schema Registry.
 
 Each server starts once per session and only when a test asks for it, so the
 unit tests never pay for one. A server that cannot start errors every test that
@@ -19,7 +19,12 @@ from confluent_kafka.admin import AdminClient
 # The same class confluent_kafka.admin re-exports, from the module its stubs type.
 from confluent_kafka.cimpl import NewTopic
 
-from streams.services import ApacheKafkaService, PostgresService, TansuService
+from streams.services import (
+    ApacheKafkaService,
+    PostgresService,
+    SchemaRegistryService,
+    TansuService,
+)
 
 # --------------------------------------------------------------------------- Postgres
 
@@ -130,6 +135,20 @@ def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int, timeout_s
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic} has no leader for every partition yet")
         time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- Schema Registry
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[SchemaRegistryService]:
+    """A real Confluent-compatible Schema Registry; ``schema_registry.url`` is its API base.
+
+    ``WFJOBS_TEST_SCHEMA_REGISTRY_URL`` when set, else an in-memory Apicurio
+    Registry the suite starts. Shared by the session: use unique subjects (topics).
+    """
+    with SchemaRegistryService() as registry:
+        yield registry
 
 
 # --------------------------------------------------------------------------- markers

@@ -39,6 +39,10 @@ FAST_SETTINGS: Mapping[str, str] = {
     "WFJOBS_POLL_INTERVAL_S": "0.3",
     "WFJOBS_SWEEP_INTERVAL_S": "0.5",
     "WFJOBS_RELAY_INTERVAL_S": "0.1",
+    # A killed relay's leased rows wait out the lease before another relay
+    # takes them; the lease must outlast the producer's message timeout.
+    "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS": "3000",
+    "WFJOBS_RELAY_LEASE_S": "5",
     "WFJOBS_SHUTDOWN_GRACE_S": "3",
     "WFJOBS_CLAIM_LOOPS": "4",
     "WFJOBS_POOL_MAX": "8",

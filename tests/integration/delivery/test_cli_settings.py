@@ -7,10 +7,12 @@ opened separately by the command and by the test, as two processes would.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -19,7 +21,7 @@ from schemas.contract import EventType, build_event, encode_event, with_event_id
 from schemas.serde import RequestDecoder, event_serializer, open_registry
 from streams import cli
 
-pytestmark = pytest.mark.kafka
+# The broker fixtures mark their tests (tests/conftest.py): some read from Tansu.
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -133,3 +135,122 @@ def test_events_prints_each_event_once(
         ("2", "TYPE_WAITING"),
     ]
     assert {event["job_id"] for event in events} == {str(job_id)}
+
+
+class EventsTopic:
+    """An events topic with a "relay" framing events on it, and the settings that
+    point ``wfjobs events`` at it."""
+
+    def __init__(self, bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.topic = topic
+        registry_url = f"mock://{uuid.uuid4().hex}"
+        self._serializer = event_serializer(
+            registry=open_registry(registry_url, events_topic=topic), topic=topic
+        )
+        self._serializer.prepare()
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
+        monkeypatch.setenv("WFJOBS_EVENTS_TOPIC", topic)
+        monkeypatch.setenv("WFJOBS_SCHEMA_REGISTRY_URL", registry_url)
+
+    def publish(self, job_id: uuid.UUID, event_ids: range, **fields: Any) -> None:
+        """Checkpoint events, produced together: one batch on the partition."""
+        for event_id in event_ids:
+            event = build_event(
+                job_id=job_id,
+                event_type=EventType.TYPE_STEP_CHECKPOINT,
+                workflow_name="embed-and-review",
+                attempt=1,
+                occurred_at=datetime.now(UTC),
+                step_name="embed",
+                **fields,
+            )
+            value = self._serializer.serialize(with_event_id(encode_event(event), event_id))
+            self._producer.produce(self.topic, key=str(job_id).encode(), value=value)
+        assert self._producer.flush(30) == 0
+
+
+def test_events_json_keeps_whole_numbers_whole(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = EventsTopic(kafka_bootstrap, new_topic(kafka_bootstrap, 1), monkeypatch)
+    events.publish(uuid.uuid4(), range(1, 2), response={"dimensions": 8, "scale": 0.5})
+    code, out, err = run(
+        capsys, "--json", "events", "--from-beginning", "--max", "1", "--timeout", "30"
+    )
+    assert code == 0, err
+    assert '"dimensions":8,' in out or '"dimensions":8}' in out, out
+    response = json.loads(out)["response"]
+    assert response == {"dimensions": 8, "scale": 0.5}
+    assert isinstance(response["dimensions"], int)
+
+
+def test_events_job_prints_only_that_jobs_events(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = EventsTopic(kafka_bootstrap, new_topic(kafka_bootstrap, 1), monkeypatch)
+    wanted, other = uuid.uuid4(), uuid.uuid4()
+    # One partition: the other job's events come first, so --max stops only
+    # once the filter has passed over them.
+    events.publish(other, range(1, 4))
+    events.publish(wanted, range(4, 6))
+    events.publish(other, range(6, 8))
+    code, out, err = run(
+        capsys,
+        "--json",
+        "events",
+        "--from-beginning",
+        "--job",
+        str(wanted),
+        "--max",
+        "2",
+        "--timeout",
+        "30",
+    )
+    assert code == 0, err
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [(event["job_id"], event["event_id"]) for event in printed] == [
+        (str(wanted), "4"),
+        (str(wanted), "5"),
+    ]
+
+
+def test_events_without_from_beginning_prints_only_new_events(
+    tansu_bootstrap: str,
+    new_topic: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tansu: its answer to "where does the partition end" lies inside the last
+    # batch, which is where the old events came from.
+    events = EventsTopic(tansu_bootstrap, new_topic(tansu_bootstrap, 1), monkeypatch)
+    job_id = uuid.uuid4()
+    events.publish(job_id, range(1, 4))
+    events.publish(job_id, range(4, 9))
+
+    code, out, err = run(capsys, "--json", "events", "--timeout", "3")
+    assert (code, out) == (0, ""), err
+
+    result: list[tuple[int, str, str]] = []
+    reader = threading.Thread(
+        target=lambda: result.append(
+            run(capsys, "--json", "events", "--max", "1", "--timeout", "60")
+        )
+    )
+    reader.start()
+    # New events until the reader has seen one: it may still be finding the end.
+    event_id = 100
+    while reader.is_alive():
+        events.publish(job_id, range(event_id, event_id + 1))
+        event_id += 1
+        reader.join(timeout=0.5)
+    [(code, out, err)] = result
+    assert code == 0, err
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert len(printed) == 1 and int(printed[0]["event_id"]) >= 100, printed

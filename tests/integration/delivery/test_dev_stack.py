@@ -6,6 +6,9 @@ line of "Five minutes with the sample workflow" is read from the README and run
 as written, in order, with the job id the submit printed in place of
 ``<job-id>``. The stack runs on free ports, so the environment holds the
 exports ``wfjobs dev`` prints when its default ports are taken.
+
+A stack given a folder keeps its work there: stopped and started again on the
+same folder, it has the jobs and workflows of the first run, on the same port.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +27,7 @@ from typing import Any
 import pytest
 
 from streams import cli
-from streams.devstack import DevStack
+from streams.devstack import DevStack, next_steps
 from streams.services import TansuService, free_port
 from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
 
@@ -45,13 +50,31 @@ def walkthrough_commands() -> list[list[str]]:
     return commands
 
 
+def use(stack: DevStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exports ``wfjobs dev`` prints, for the commands run in-process."""
+    monkeypatch.setenv("WFJOBS_URL", stack.url)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", stack.bootstrap_servers)
+    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+
+
 @pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DevStack]:
-    with DevStack(web_port=free_port(), kafka_port=None, workdir=tmp_path / "dev") as running:
-        monkeypatch.setenv("WFJOBS_URL", running.url)
-        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", running.bootstrap_servers)
-        monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[DevStack]:
+    with DevStack(web_port=free_port(), kafka_port=None) as running:
+        use(running, monkeypatch)
         yield running
+
+
+@pytest.fixture
+def dev_folder() -> Iterator[Path]:
+    """A folder for a stack's kept data, like ``.wfjobs-dev`` in a checkout.
+
+    Readable by others as a checkout is: run as root, Postgres runs as its own
+    user and must reach its data directory inside.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="devstack-kept-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def wfjobs(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -169,3 +192,51 @@ def test_tansu_takes_the_port_it_is_given() -> None:
     port = free_port()
     with TansuService(port=port) as broker:
         assert broker.bootstrap_servers == f"127.0.0.1:{port}"
+
+
+def test_a_restart_keeps_jobs_workflows_and_the_port(
+    dev_folder: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    with DevStack(web_port=port, kafka_port=None, workdir=dev_folder) as first:
+        use(first, monkeypatch)
+        assert first.url == f"http://127.0.0.1:{port}"
+        banner = next_steps(first)
+        assert str(dev_folder) in banner and "wfjobs dev --fresh" in banner
+        assert "in memory: events are lost at stop" in banner
+        assert "bin/activate" in banner
+
+        wfjobs(capsys, ["workflows", "put", str(WORKFLOW_FILE), "--name", "kept-review"])
+        out = wfjobs(
+            capsys,
+            ["submit", "--workflow-name", "kept-review", "--input", '{"text": "keep me"}'],
+        )
+        match = JOB_ID.search(out)
+        assert match is not None, out
+        job_id = match.group(0)
+        parked = wait_for_status(capsys, job_id, "WAITING")
+        log = first.worker.log_path if first.worker else None
+    assert log is not None and log.is_file()
+    first_log = log.read_bytes()
+
+    # Straight away: the first run's connections are still in TIME_WAIT.
+    with DevStack(web_port=port, kafka_port=None, workdir=dev_folder) as second:
+        use(second, monkeypatch)
+        assert (second.url, second.port_was_taken) == (first.url, False)
+        assert job(capsys, job_id) == parked
+        listed = json.loads(wfjobs(capsys, ["--json", "workflows", "list"]))["workflows"]
+        assert sorted(workflow["name"] for workflow in listed) == sorted(
+            ["kept-review", SAMPLE_WORKFLOW_NAME]
+        )
+        # The kept job goes on where it stopped.
+        review = '{"approved": true, "note": "after a restart"}'
+        wfjobs(capsys, ["complete", job_id, "review", "--response", review])
+        wait_for_status(capsys, job_id, "COMPLETED")
+        assert log.read_bytes().startswith(first_log)
+
+    with DevStack(web_port=port, kafka_port=None, workdir=dev_folder, fresh=True) as fresh:
+        use(fresh, monkeypatch)
+        assert job(capsys, job_id) == {}
+        listed = json.loads(wfjobs(capsys, ["--json", "workflows", "list"]))["workflows"]
+        assert [workflow["name"] for workflow in listed] == [SAMPLE_WORKFLOW_NAME]
+        assert not log.read_bytes().startswith(first_log)

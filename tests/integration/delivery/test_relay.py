@@ -8,15 +8,18 @@ in-library ``mock://`` registry.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
@@ -26,6 +29,7 @@ from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
 from store import Outbox, RunStore, migrate, open_pool
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.outbox import Backlog, PublishFailure, RelayResult
 from store.pool import Pool
 from store.runs import Lease
 from streams.listener import Listener
@@ -51,7 +55,7 @@ async def store(make_database: Callable[[], str]) -> AsyncIterator[Store]:
     await migrate(dsn)
     pool = await open_pool(dsn, min_size=1, max_size=8)
     try:
-        yield Store(dsn, pool, RunStore(pool), Outbox(pool, max_attempts=10))
+        yield Store(dsn, pool, RunStore(pool), Outbox(pool))
     finally:
         await pool.close()
 
@@ -248,15 +252,15 @@ async def test_avro_events_round_trip(
         "TYPE_STEP_CHECKPOINT",
         "TYPE_COMPLETED",
     ]
-    assert records[1]["response"] == '{"n":0.0}'
+    assert records[1]["response"] == '{"n":0}'
     assert records[3]["verdict"] == "done"
-    assert records[3]["result"] == '{"steps":2.0}'
+    assert records[3]["result"] == '{"steps":2}'
 
 
 # --------------------------------------------------------------------------- failures
 
 
-async def test_nothing_is_published_without_an_ack(
+async def test_an_unreachable_broker_spends_no_attempt_and_fails_nothing(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     dead_broker = f"127.0.0.1:{free_port()}"
@@ -269,28 +273,31 @@ async def test_nothing_is_published_without_an_ack(
     )
     job_id = await run_job(store, steps=0, finish=False)
 
-    for attempt in range(1, 11):
-        await relay.relay_once()
+    # More passes than the old attempt limit: a transient fault is never a dead letter.
+    for _ in range(12):
+        result = await relay.relay_once()
+        assert (result.transient, result.failed, result.published) == (1, 0, 0)
         [record] = await store.outbox.events_for(job_id)
-        assert record.attempts == attempt
-        assert record.published_at is None
+        assert (record.status, record.attempts, record.published_at) == ("PENDING", 0, None)
         assert record.last_error and "timed out" in record.last_error.lower()
-        assert record.status == ("FAILED" if attempt == 10 else "PENDING")
     await relay.stop()
 
-    # A FAILED row is the dead letter: later passes leave it alone.
+    # The broker comes back (here: a relay that can reach one) and the row goes out.
     topic = new_topic(kafka_bootstrap)
     healthy = make_relay(
         store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic)
     )
-    await healthy.relay_once()
+    assert (await healthy.relay_once()).published == 1
     await healthy.stop()
     [record] = await store.outbox.events_for(job_id)
-    assert (record.status, record.attempts) == ("FAILED", 10)
+    assert (record.status, record.attempts) == ("PUBLISHED", 1)
 
 
-async def test_a_row_that_cannot_be_serialized_is_an_attempt_not_a_crash(
-    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(
+    store: Store,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     topic = new_topic(kafka_bootstrap)
     registry = mock_registry()
@@ -304,18 +311,78 @@ async def test_a_row_that_cannot_be_serialized_is_an_attempt_not_a_crash(
     async with store.pool.connection() as conn:
         await conn.execute(
             "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
-            " VALUES (%s, 'ACCEPTED', %s)",
-            (broken, b"\xff\xff"),
+            " VALUES (%s, 'ACCEPTED', %s), (%s, 'COMPLETED', %s)",
+            (broken, b"\xff\xff", broken, b""),
         )
 
-    await relay.relay_once()
+    with caplog.at_level(logging.ERROR, logger="streams.relay"):
+        result = await relay.relay_once()
     await relay.stop()
 
-    [bad] = await store.outbox.events_for(broken)
-    assert (bad.status, bad.attempts) == ("PENDING", 1)
+    assert (result.published, result.failed, result.held_back) == (1, 1, 1)
+    bad, behind = await store.outbox.events_for(broken)
+    assert (bad.status, bad.attempts) == ("FAILED", 1)
     assert bad.last_error and bad.last_error.startswith("cannot serialize event")
+    # The job's later row waits behind its dead letter.
+    assert (behind.status, behind.attempts, behind.last_error) == ("PENDING", 0, None)
     [good] = await store.outbox.events_for(healthy)
     assert good.status == "PUBLISHED"
+    [logged] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert str(bad.id) in logged.getMessage() and str(broken) in logged.getMessage()
+
+
+def _topic_with_max_message_bytes(bootstrap: str, max_bytes: int) -> str:
+    name = f"small-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(name, 1, 1, config={"max.message.bytes": str(max_bytes)})
+    admin.create_topics([topic], operation_timeout=30)[name].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        meta = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        if meta is not None and meta.error is None and meta.partitions[0].leader >= 0:
+            return name
+        assert time.monotonic() < deadline, f"topic {name} has no leader"
+        time.sleep(0.05)
+
+
+async def test_a_record_larger_than_the_topic_allows_fails_at_once_and_holds_back_its_job(
+    store: Store, kafka_bootstrap: str
+) -> None:
+    # One partition: every row goes into the same produce requests, so the
+    # small rows batched with the large one are refused with it at first.
+    topic = await asyncio.to_thread(_topic_with_max_message_bytes, kafka_bootstrap, 2048)
+    relay = make_relay(store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    before, oversized, after = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    async with store.pool.connection() as conn:
+        for job_id, payload in (
+            (before, b""),
+            (oversized, b""),
+            (oversized, b"\x52" + b"\x00" * 8000),
+            (oversized, b""),
+            (after, b""),
+        ):
+            await conn.execute(
+                "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
+                " VALUES (%s, 'STEP_CHECKPOINT', %s)",
+                (job_id, payload),
+            )
+
+    result = await relay.relay_once()
+    await relay.stop()
+
+    assert (result.published, result.failed, result.held_back) == (3, 1, 1)
+    first, big, behind = await store.outbox.events_for(oversized)
+    assert first.status == "PUBLISHED"
+    assert (big.status, big.attempts) == ("FAILED", 1)
+    assert big.last_error and "MSG_SIZE_TOO_LARGE" in big.last_error
+    assert (behind.status, behind.attempts) == ("PENDING", 0)
+    for job_id in (before, after):
+        assert [r.status for r in await store.outbox.events_for(job_id)] == ["PUBLISHED"]
+
+    # Held back on every later pass too, until the FAILED row is redriven.
+    relay = make_relay(store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    assert (await relay.relay_once()).fetched == 0
+    await relay.stop()
 
 
 # --------------------------------------------------------------------------- order
@@ -387,13 +454,18 @@ class SlowPass:
         self._outbox = outbox
         self.in_flight = asyncio.Event()
 
-    async def relay_batch(self, publish: Publish, limit: int = 100) -> object:
-        async def slow(rows: list[Any]) -> list[str | None]:
+    async def relay_batch(
+        self, publish: Publish, limit: int = 100, *, owner: str = "relay"
+    ) -> RelayResult:
+        async def slow(rows: list[Any]) -> Sequence[PublishFailure | None]:
             self.in_flight.set()
             await asyncio.sleep(0.3)
             return await publish(rows)
 
-        return await self._outbox.relay_batch(slow, limit)
+        return await self._outbox.relay_batch(slow, limit, owner=owner)
+
+    async def backlog(self) -> Backlog:
+        return await self._outbox.backlog()
 
 
 async def test_stop_finishes_the_pass_in_flight_and_flushes(

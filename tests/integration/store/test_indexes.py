@@ -7,13 +7,14 @@ planner left alone (does it choose to?).
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
 import pytest
 
-from store.outbox import FETCH_PENDING_SQL, fetch_pending_params
+from store.outbox import LEASE_PENDING_SQL, lease_pending_params
 from store.pool import Pool
 from store.runs import (
     CLAIM_PLANNER_SQL,
@@ -25,6 +26,16 @@ from store.runs import (
     list_jobs_sql,
 )
 from tests.integration.store.helpers import submit_many
+
+
+def _scans_a_table(plan: str) -> bool:
+    """A sequential scan of anything but the definition snapshots.
+
+    A job's definition is read by the snapshot's primary key; while the table
+    holds a page or two of hashes, a scan of it costs the same and the planner
+    may take either.
+    """
+    return re.search(r"Seq Scan on (?!workflow_definition_snapshot\b)", plan) is not None
 
 
 async def _plan(pool: Pool, statement: str, params: dict[str, Any]) -> str:
@@ -78,7 +89,7 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
     assert "Sort" in unguided, unguided
     assert "workflow_run_claim_idx" in plan, plan
     assert "Sort" not in plan, plan
-    assert "Seq Scan" not in plan, plan
+    assert not _scans_a_table(plan), plan
     # And the store's claim takes the oldest rows: none left behind is older.
     claimed = await store.claim_batch("w1", 8)
     assert len(claimed) == 8
@@ -94,14 +105,14 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
 
 
 async def test_the_sweeper_uses_its_indexes(filled: Pool) -> None:
-    plan = await _plan(filled, SELECT_EXPIRED_SQL, {"limit": 100})
+    plan = await _plan(filled, SELECT_EXPIRED_SQL, {"limit": 100, "now": None})
     assert "workflow_run_lease_idx" in plan, plan
     plan = await _plan(filled, SELECT_EXHAUSTED_SQL, {"limit": 100})
     assert "workflow_run_exhausted_idx" in plan, plan
 
 
 async def test_the_relay_uses_the_partial_pending_index(filled: Pool) -> None:
-    plan = await _plan(filled, FETCH_PENDING_SQL, fetch_pending_params(100))
+    plan = await _plan(filled, LEASE_PENDING_SQL, lease_pending_params(100))
     assert "workflow_run_events_outbox_pending_idx" in plan, plan
 
 
@@ -181,11 +192,13 @@ async def _natural_plan(pool: Pool, statement: str, params: dict[str, Any]) -> s
             "workflow_run_claim_idx",
             id="claim",
         ),
-        pytest.param(SELECT_EXPIRED_SQL, {"limit": 100}, "workflow_run_lease_idx", id="sweep"),
+        pytest.param(
+            SELECT_EXPIRED_SQL, {"limit": 100, "now": None}, "workflow_run_lease_idx", id="sweep"
+        ),
         pytest.param(COUNT_QUEUED_SQL, {"limit": 1000}, "workflow_run_claim_idx", id="backlog"),
         pytest.param(
-            FETCH_PENDING_SQL,
-            fetch_pending_params(100),
+            LEASE_PENDING_SQL,
+            lease_pending_params(100),
             "workflow_run_events_outbox_pending_idx",
             id="relay",
         ),
@@ -219,6 +232,6 @@ async def test_the_planner_picks_the_indexes_unprompted(
 ) -> None:
     plan = await _natural_plan(history, statement, params)
     assert index in plan, plan
-    assert "Seq Scan" not in plan, plan
+    assert not _scans_a_table(plan), plan
     if index.endswith("_created_idx"):
         assert "Sort" not in plan, plan  # newest first straight from the index

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streams import cli
-from tests.integration.streams.conftest import WEB_WORKFLOW, parked_job, serve
+from tests.integration.streams.conftest import WEB_WORKFLOW, parked_job, put_workflow, serve
 
 
 class Wfjobs:
@@ -87,3 +87,47 @@ async def test_every_verb_as_text_and_as_json(
 
         code, out, err = await wfjobs("get", str(uuid.uuid4()))
         assert (code, out) == (1, "") and "NOT_FOUND" in err
+
+
+async def test_workflows_put_name_stores_under_that_name(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unnamed = {key: value for key, value in WEB_WORKFLOW.items() if key != "name"}
+    unnamed_file = tmp_path / "unnamed.json"
+    unnamed_file.write_text(json.dumps(unnamed))
+    named_file = tmp_path / "web-review.json"
+    named_file.write_text(json.dumps(WEB_WORKFLOW))
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        wfjobs = Wfjobs(str(client.make_url("")), capsys)
+
+        code, out, err = await wfjobs("workflows", "put", str(unnamed_file), "--name", "given")
+        assert code == 0, err
+        assert "stored workflow given" in out
+        # A file with a name of its own is stored under the one given instead.
+        code, out, err = await wfjobs("workflows", "put", str(named_file), "--name", "copy")
+        assert code == 0, err
+        stored = await wfjobs.json("workflows", "list")
+        assert sorted(item["name"] for item in stored["workflows"]) == ["copy", "given"]
+        copy = await wfjobs.json("workflows", "get", "copy")
+        assert copy["workflow"]["definition"] == {**WEB_WORKFLOW, "name": "copy"}
+
+        code, _, err = await wfjobs("workflows", "put", str(unnamed_file))
+        assert code == 1 and "pass --name" in err
+
+
+async def test_workflows_get_as_text_is_a_summary_and_a_step_table(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        await put_workflow(client)
+        wfjobs = Wfjobs(str(client.make_url("")), capsys)
+        code, out, err = await wfjobs("workflows", "get", "web-review")
+    assert code == 0, err
+    # No JSON document after the table: the descriptor set is for --json.
+    assert "{" not in out and '"' not in out
+    assert WEB_WORKFLOW["schema"]["descriptorSetBase64"][:20] not in out
+    assert str(WEB_WORKFLOW["inputType"]) in out
+    for step in WEB_WORKFLOW["steps"]:
+        row = next(line for line in out.splitlines() if f" {step['name']} " in line)
+        assert str(step["method"]) in row
+        assert ("external" in row) == (step.get("completion") == "external")

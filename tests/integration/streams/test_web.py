@@ -52,7 +52,7 @@ async def test_every_verb_answers_503_without_a_store() -> None:
             assert "DATABASE_URL" in message
         health = await client.get("/healthz")
         assert health.status == 200
-        assert (await _json(health))["store"] == "not configured"
+        assert (await _json(health))["parts"]["store"]["summary"] == "not configured"
 
 
 async def test_an_unreachable_store_answers_503(dsn: str) -> None:
@@ -65,7 +65,9 @@ async def test_an_unreachable_store_answers_503(dsn: str) -> None:
         health = await client.get("/healthz")
         assert health.status == 503
         body = await _json(health)
-        assert body["status"] == "degraded" and body["store"].startswith("unreachable")
+        assert body["status"] == "stuck"
+        assert body["parts"]["store"]["summary"].startswith("unreachable")
+        assert (await client.get("/readyz")).status == 503
 
 
 # ---------------------------------------------------------------------- bad input
@@ -375,8 +377,9 @@ async def test_health_reports_the_store(dsn: str) -> None:
             "status": "ok",
             "worker_id": "web-test",
             "roles": ["api"],
-            "store": "ok",
+            "parts": {"store": {"healthy": True, "ready": True, "summary": "ok"}},
         }
+        assert (await client.get("/readyz")).status == 200
 
 
 async def test_list_limit_zero_means_50_and_large_limits_are_clamped_to_500(dsn: str) -> None:

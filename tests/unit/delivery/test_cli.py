@@ -159,3 +159,124 @@ def test_every_command_exists_and_takes_json() -> None:
         args = parser.parse_args([*argv, "--json"])
         assert args.json is True, argv
         assert callable(args.handler), argv
+
+
+def test_version_prints_the_installed_package_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"wfjobs {version('workflow-jobs')}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["migrate"],
+        ["produce", "--workflow-name", "w", "--input", "{}"],
+        ["events"],
+        ["dev"],
+    ],
+)
+def test_url_is_refused_by_commands_that_do_not_use_the_api(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "http://127.0.0.1:1"
+    with pytest.raises(SystemExit) as after:
+        cli.main([*argv, "--url", url])
+    assert after.value.code == 2
+    with pytest.raises(SystemExit) as before:
+        cli.main(["--url", url, *argv])
+    assert before.value.code == 2
+    assert "does not use the HTTP API" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([argv[0], "--help"])
+    assert "--url" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["get", ""], "JOB_ID"),
+        (["complete", "", "review", "--response", "{}"], "JOB_ID"),
+        (["complete", str(uuid.uuid4()), " ", "--response", "{}"], "STEP"),
+        (["workflows", "get", ""], "NAME"),
+    ],
+)
+def test_an_empty_argument_is_named_before_any_call(
+    argv: list[str], argument: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Nothing listens at the URL: an HTTP call would answer UNAVAILABLE.
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = run(capsys, "--url", url, *argv)
+    assert (code, out) == (1, "")
+    assert err.strip() == f"INVALID_ARGUMENT: {argument} must not be empty"
+
+
+def test_a_failed_job_shows_no_outstanding_step(capsys: pytest.CaptureFixture[str]) -> None:
+    failed = {
+        "job_id": str(uuid.uuid4()),
+        "workflow_name": "embed-and-review",
+        "status": "FAILED",
+        "attempt": 1,
+        "max_attempts": 3,
+        # The step it parked on before the answer that failed it.
+        "outstanding_step": "review",
+        "error": "INVALID_ARGUMENT: the review was rejected",
+    }
+    waiting = {**failed, "job_id": str(uuid.uuid4()), "status": "WAITING", "error": ""}
+    out = cli.Output(as_json=False)
+    capsys.readouterr()
+    cli.render_job(out, failed)
+    shown = capsys.readouterr().out
+    assert "waiting on" not in shown and "review was rejected" in shown
+    cli.render_jobs(out, [failed, waiting], "")
+    lines = capsys.readouterr().out.splitlines()
+    failed_row = next(line for line in lines if str(failed["job_id"]) in line)
+    waiting_row = next(line for line in lines if str(waiting["job_id"]) in line)
+    assert "INVALID_ARGUMENT" in failed_row and "│ review" not in failed_row
+    assert "│ review" in waiting_row
+    cli.render_job(out, waiting)
+    assert "waiting on" in capsys.readouterr().out
+
+
+def test_produce_with_an_unreachable_registry_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WFJOBS_SCHEMA_REGISTRY_URL", registry)
+    code, out, err = run(capsys, "produce", "--workflow-name", "w", "--input", '{"a": 1}')
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("UNAVAILABLE: ") and registry in err
+
+
+def test_produce_with_an_oversized_input_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The size is checked by the client before any broker is contacted.
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"text": "x" * 2_000_000}))
+    code, out, err = run(capsys, "produce", "--workflow-name", "w", "--input", f"@{big}")
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("PAYLOAD_TOO_LARGE: ") and str(cli.PRODUCE_MAX_BYTES) in err
+
+
+def test_events_job_filter_must_be_a_job_id(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "events", "--job", "not-a-uuid", "--timeout", "1")
+    assert code == 1
+    assert "--job must be a UUID" in err
+
+
+def test_dev_keeps_its_data_in_a_project_folder_unless_fresh() -> None:
+    args = cli.build_parser().parse_args(["dev"])
+    assert (args.workdir, args.fresh) == (Path(".wfjobs-dev"), False)
+    args = cli.build_parser().parse_args(["dev", "--fresh", "--workdir", "elsewhere"])
+    assert (args.workdir, args.fresh) == (Path("elsewhere"), True)

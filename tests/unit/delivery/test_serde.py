@@ -5,6 +5,8 @@ Every registry here is confluent's in-library ``mock://`` registry.
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import UTC, datetime
 
@@ -13,7 +15,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, json_format
+from google.protobuf.message import Message
 
+from schemas.consumer import consumer_file, consumer_message_class
 from schemas.contract import (
     EventType,
     WorkflowRunEvent,
@@ -99,14 +104,37 @@ def test_protobuf_framing_is_what_confluent_deserializers_read() -> None:
     assert EventDecoder(registry).decode(value) == expected
 
 
-def test_schema_is_registered_with_its_validate_reference() -> None:
+@pytest.mark.parametrize(
+    ("message_type", "topic"),
+    [(WorkflowRunEvent, TOPIC), (WorkflowRunRequest, "workflow-run-requests")],
+)
+def test_the_registered_schema_is_the_consumer_facing_one(
+    message_type: type[Message], topic: str
+) -> None:
     registry = mock_registry()
-    ProtobufFramer(WorkflowRunEvent, registry, TOPIC).prepare()
+    ProtobufFramer(message_type, registry, topic).prepare()
 
-    registered = registry.get_latest_version(f"{TOPIC}-value")
+    registered = registry.get_latest_version(f"{topic}-value")
     assert registered.schema.schema_type == "PROTOBUF"
-    assert [ref.name for ref in registered.schema.references] == ["buf/validate/validate.proto"]
-    assert "buf/validate/validate.proto" in registry.get_subjects()
+    assert registered.schema.references == []
+    assert registry.get_subjects() == [f"{topic}-value"]
+    file = descriptor_pb2.FileDescriptorProto.FromString(
+        base64.b64decode(registered.schema.schema_str)
+    )
+    assert file == consumer_file(message_type.DESCRIPTOR.file)
+    assert all(name.startswith("google/protobuf/") for name in file.dependency)
+    assert b"buf.validate" not in file.SerializeToString()
+    assert "validate" not in str(file)
+
+
+def test_consumer_classes_encode_exactly_like_ours() -> None:
+    event = checkpoint_event()
+    event.event_id = 42
+    theirs = consumer_message_class(WorkflowRunEvent).FromString(encode_event(event))
+    assert theirs.SerializeToString(deterministic=True) == event.SerializeToString(
+        deterministic=True
+    )
+    assert json_format.MessageToDict(theirs) == json_format.MessageToDict(event)
 
 
 def test_schema_id_is_looked_up_once() -> None:
@@ -156,6 +184,40 @@ def test_avro_round_trip_through_confluent_avro_serde() -> None:
 
         theirs = AvroSerializer(registry, avro_schema_text())(event_to_avro_record(expected), CTX)
         assert EventDecoder(registry).decode(theirs) == expected
+
+
+def test_avro_writes_whole_numbers_as_integers() -> None:
+    registry = mock_registry()
+    serializer = event_serializer(registry=registry, topic=TOPIC, event_format="avro")
+    serializer.prepare()
+    event = build_event(
+        job_id=uuid.uuid4(),
+        event_type=EventType.Value("TYPE_STEP_CHECKPOINT"),
+        workflow_name="embed-text",
+        attempt=3,
+        occurred_at=datetime.now(UTC),
+        step_name="embed",
+        response={
+            "dimensions": 8,
+            "vector": [0.5, -1.25, 3, -0.0],
+            "nested": {"count": 0, "big": 2**53, "ratio": 2.5},
+            "flags": [True, None, "8.0"],
+        },
+    )
+    stored, expected = stored_and_published(event, 2**40)
+
+    record = AvroDeserializer(registry)(serializer.serialize(stored), CTX)
+
+    assert record["response"] == (
+        '{"dimensions":8,"flags":[true,null,"8.0"],'
+        '"nested":{"big":9007199254740992,"count":0,"ratio":2.5},"vector":[0.5,-1.25,3,-0.0]}'
+    )
+    response = json.loads(record["response"])
+    assert type(response["dimensions"]) is int
+    assert [type(n) for n in response["vector"]] == [float, float, int, float]
+    assert type(record["event_id"]) is int and record["event_id"] == 2**40
+    assert type(record["attempt"]) is int and record["attempt"] == 3
+    assert avro_record_to_event(record) == expected
 
 
 def test_avro_record_keeps_absent_structs_absent() -> None:

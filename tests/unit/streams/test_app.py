@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from streams.app import create_app
+from streams.broker import BootWithoutKafka, BrokerConnection, kafka_services
 from streams.runtime import Runtime
 from streams.settings import Settings
 
@@ -115,3 +116,45 @@ def test_the_worker_refuses_to_start(env: dict[str, str], expected: str, tmp_pat
     result = _worker(_clean_env(**env), tmp_path)
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("roles", ["api", "relay", "worker", "api,relay,worker"])
+def test_faust_boots_no_kafka_client_whatever_the_roles(roles: str) -> None:
+    app: Any = create_app(Settings.from_env({"WFJOBS_ROLES": roles, "WFJOBS_GROUP": "g4"}))
+    assert isinstance(app.boot_strategy, BootWithoutKafka)
+    booted = list(app.boot_strategy.server())
+    assert app.web in booted
+    for part in (app.producer, app.consumer, app.agents, app.topics, app.tables):
+        assert part not in booted
+
+
+def test_the_kafka_parts_start_later_in_fausts_own_order() -> None:
+    app: Any = create_app(Settings.from_env({"WFJOBS_ROLES": "worker", "WFJOBS_GROUP": "g5"}))
+    services = kafka_services(app)
+    assert services[0] is app.producer
+    assert services[1] is app.consumer
+    order = [services.index(part) for part in (app.consumer, app.agents, app.topics, app.tables)]
+    assert order == sorted(order)
+
+
+async def test_only_the_worker_role_reports_a_broker_part() -> None:
+    for roles, expected in (("api,relay", False), ("worker", True)):
+        runtime = Runtime(Settings.from_env({"WFJOBS_ROLES": roles, "WFJOBS_GROUP": "g6"}))
+        create_app(runtime.settings, runtime=runtime)
+        parts = {part.name: part for part in (await runtime.health_report()).parts}
+        assert ("broker" in parts) is expected, roles
+        if expected:
+            assert parts["broker"].healthy and not parts["broker"].ready
+
+
+async def test_the_broker_connection_says_what_it_waits_for() -> None:
+    # Nothing listens on port 1: healthy (waiting is not stuck) but not ready.
+    app: Any = create_app(Settings.from_env({"WFJOBS_ROLES": "api", "WFJOBS_GROUP": "g7"}))
+    connection = BrokerConnection(app, "127.0.0.1:1", retry_max_s=1.0)
+    assert not await connection.broker_answers()
+    assert not await connection.broker_answers()
+    health = connection.health()
+    assert health.healthy and not health.ready
+    assert health.summary.startswith("waiting for Kafka at 127.0.0.1:1 since ")
+    assert health.detail["attempts"] == 2
+    assert "127.0.0.1:1" in health.detail["last_error"]

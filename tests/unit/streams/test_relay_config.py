@@ -7,12 +7,18 @@ import uuid
 import pytest
 
 from schemas.serde import AvroEventSerializer, PlainProtobufSerializer, ProtobufFramer
+from store.outbox import Backlog, RelayResult
 from streams.relay import build_relay, producer_config
 from streams.settings import Settings
 
 
 class NoOutbox:
-    async def relay_batch(self, publish: object, limit: int = 100) -> object:
+    async def relay_batch(
+        self, publish: object, limit: int = 100, *, owner: str = "relay"
+    ) -> RelayResult:
+        raise AssertionError("not used here")
+
+    async def backlog(self) -> Backlog:
         raise AssertionError("not used here")
 
 
@@ -42,3 +48,10 @@ def test_events_are_encoded_as_the_settings_say(env: dict[str, str], kind: type)
     relay = build_relay(settings, NoOutbox())
     assert isinstance(relay.serializer, kind)
     assert relay.topic == settings.events_topic
+
+
+def test_the_message_timeout_comes_from_the_settings() -> None:
+    settings = Settings.from_env({"WFJOBS_RELAY_MESSAGE_TIMEOUT_MS": "2000"})
+    relay = build_relay(settings, NoOutbox())
+    assert relay.producer_config["message.timeout.ms"] == 2000
+    assert producer_config("k:1")["message.timeout.ms"] == 30_000

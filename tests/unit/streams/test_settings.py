@@ -51,6 +51,7 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_SHUTDOWN_GRACE_S": "-1"}, "WFJOBS_SHUTDOWN_GRACE_S must be positive"),
         ({"WFJOBS_HEARTBEAT_S": "400"}, "WFJOBS_HEARTBEAT_S must be >= 0 and below"),
         ({"WFJOBS_MAX_QUEUED_JOBS": "-1"}, "WFJOBS_MAX_QUEUED_JOBS must be 0"),
+        ({"WFJOBS_MAX_EVENT_BYTES": "1000"}, "WFJOBS_MAX_EVENT_BYTES must be at least 16384"),
         ({"WFJOBS_EVENT_FORMAT": "avro"}, "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY"),
     ],
 )

@@ -1,0 +1,222 @@
+"""Faust's Kafka parts: none at boot, and the worker's once the broker answers.
+
+Faust boots its producer, consumer, agents, topic conductor and table manager
+with the app, so a process whose broker is away dies at start with
+``Unable to bootstrap``, and a process without the ``worker`` role (which has
+no topic to consume) dies a few seconds later when its consumer subscribes to
+nothing. Yet the verbs, the claim loops, the sweeper and the relay (which has
+its own producer and retries on its own) need no Faust Kafka client at all.
+
+So every process boots without them (``BootWithoutKafka``). A process with the
+``worker`` role, the only one that consumes, adds a ``BrokerConnection``: it
+asks the broker for metadata with a capped, jittered backoff, and once the
+broker answers it starts those parts in the order Faust itself would, so the
+request agent begins consuming. Until then the ``broker`` part of ``/readyz``
+is not ready and says what it waits for; ``/healthz`` stays 200, because a
+process waiting for its broker is not stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import mode
+from aiokafka import AIOKafkaClient  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+from faust.app.base import BootStrategy
+
+from streams.health import PartHealth
+
+if TYPE_CHECKING:
+    import faust
+    from mode import ServiceT
+
+    from streams.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# The first pause after a failed attempt; each further failure doubles it, up
+# to the configured cap.
+RETRY_BASE_S = 0.5
+# Longest one metadata request may take before the attempt counts as failed.
+PROBE_TIMEOUT_S = 5.0
+
+
+class BootWithoutKafka(BootStrategy):
+    """Faust's boot order without the parts that talk to Kafka.
+
+    The agents are left out too: they consume Kafka, and the request agent's
+    dead letters go through the producer.
+    """
+
+    enable_kafka = False
+
+    def agents(self) -> list[Any]:
+        return []
+
+
+def kafka_services(app: faust.App) -> list[ServiceT]:
+    """What ``BootWithoutKafka`` leaves out, in the order Faust starts it."""
+    full = BootStrategy(app, enable_kafka=True)
+    return [
+        *full.kafka_producer(),
+        *full.kafka_consumer(),
+        *full.agents(),
+        *full.kafka_conductor(),
+        *full.tables(),
+    ]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class BrokerConnection(mode.Service):
+    """Starts the app's Kafka parts once the broker answers; reports as ``broker``."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        bootstrap_servers: str,
+        *,
+        retry_max_s: float,
+        retry_base_s: float = RETRY_BASE_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._app = app
+        self.bootstrap_servers = bootstrap_servers
+        self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+        self._retry_base_s = retry_base_s
+        self._retry_max_s = retry_max_s
+        self._state = "waiting"
+        self._since = _now()
+        self._since_monotonic = time.monotonic()
+        self._attempts = 0
+        self._last_error = ""
+
+    async def on_start(self) -> None:
+        self._since = _now()
+        self._since_monotonic = time.monotonic()
+
+    def health(self) -> PartHealth:
+        if self._state == "connected":
+            return PartHealth(
+                "broker",
+                summary=f"connected to Kafka at {self.bootstrap_servers} since {self._since}",
+                detail={"bootstrap_servers": self.bootstrap_servers},
+            )
+        waited_s = round(time.monotonic() - self._since_monotonic, 1)
+        if self._state == "starting":
+            summary = (
+                f"Kafka at {self.bootstrap_servers} answered at {self._since}; "
+                "starting the request consumer"
+            )
+        else:
+            summary = f"waiting for Kafka at {self.bootstrap_servers} since {self._since}"
+            if self._last_error:
+                summary += f" ({self._last_error})"
+        return PartHealth(
+            "broker",
+            # Waiting for a broker is not being stuck: a restart would not bring it.
+            healthy=True,
+            ready=False,
+            summary=summary,
+            detail={
+                "bootstrap_servers": self.bootstrap_servers,
+                "waiting_s": waited_s,
+                "attempts": self._attempts,
+                "last_error": self._last_error,
+            },
+        )
+
+    @mode.Service.task
+    async def _connect(self) -> None:
+        while not await self.broker_answers():
+            doubled = self._retry_base_s * 2 ** min(self._attempts - 1, 16)
+            pause = min(self._retry_max_s, doubled * random.uniform(0.8, 1.2))
+            log.warning(
+                "Kafka at %s does not answer (%s); trying again in %.1fs (attempt %d)",
+                self.bootstrap_servers,
+                self._last_error,
+                pause,
+                self._attempts,
+            )
+            await self.sleep(pause)
+            if self._stopping():
+                return
+        if self._stopping():
+            return
+        self._state = "starting"
+        self._since = _now()
+        log.info("Kafka at %s answers; starting the request consumer", self.bootstrap_servers)
+        # The broker answered a moment ago, so these start as they would at
+        # boot; one that fails now stops the process loudly, like any part
+        # that dies, and the next process starts by waiting again.
+        for service in kafka_services(self._app):
+            if self._stopping():
+                return
+            await self._app.add_runtime_dependency(service)
+        self._state = "connected"
+        self._since = _now()
+        log.info("connected to Kafka at %s", self.bootstrap_servers)
+
+    def _stopping(self) -> bool:
+        return bool(self.should_stop or self._app.should_stop)
+
+    async def broker_answers(self) -> bool:
+        """One attempt: a metadata request to the bootstrap servers, as Faust's client makes it."""
+        self._attempts += 1
+        if not await self._any_port_open():
+            return False
+        client = AIOKafkaClient(
+            bootstrap_servers=self._servers,
+            client_id="workflow-jobs-broker-check",
+            request_timeout_ms=int(PROBE_TIMEOUT_S * 1000),
+        )
+        try:
+            await asyncio.wait_for(client.bootstrap(), PROBE_TIMEOUT_S)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return False
+        finally:
+            await client.close()
+        return True
+
+    async def _any_port_open(self) -> bool:
+        # A plain connect first: the Kafka client logs every refused
+        # connection as an error, which is noise while a broker is away.
+        for server in self._servers:
+            host, colon, port = server.rpartition(":")
+            if not colon:
+                host, port = server, "9092"
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host.strip("[]"), int(port)),
+                    PROBE_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError, ValueError) as exc:
+                self._last_error = f"{server}: {exc or type(exc).__name__}"
+                continue
+            writer.close()
+            return True
+        return False
+
+
+def connect_kafka(app: faust.App, runtime: Runtime) -> BrokerConnection:
+    """Give a worker process its Kafka parts once the broker answers (see the module doc)."""
+    settings = runtime.settings
+    connection = BrokerConnection(
+        app, settings.kafka_bootstrap_servers, retry_max_s=settings.broker_retry_max_s
+    )
+    app.add_dependency(connection)
+    runtime.register_health(connection.health)
+    return connection
+
+
+__all__ = ["BootWithoutKafka", "BrokerConnection", "connect_kafka", "kafka_services"]

@@ -1,0 +1,311 @@
+"""Liveness of claimed jobs: a held job always settles or goes back, within a bound.
+
+The claim loops' bounds run on a clock the tests move (``Clock``), so nothing
+here waits for time to pass; the database is real throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from store.pool import Pool, open_pool
+from store.runs import Lease, RunStore, SweepResult
+from streams.claims import ClaimLoops
+from streams.sweeper import Sweeper
+from tests.workflows_fixtures import CallLog, envelope, make_registry
+from workflows.definition import CompiledWorkflow, DefinitionCache
+
+HEARTBEAT_S = 0.2
+
+
+class OutageAtTheLastCheckpoint(RunStore):
+    """The pool's only connection is taken away right after the last checkpoint.
+
+    It stays away until the heartbeat's lease renewal is queued behind it in the
+    pool, and comes back as the segment ends: the pool hands it to the renewal
+    in the same moment the runner cancels the heartbeat. That is what a pool
+    reconnecting after a database restart does to requests queued on it.
+    """
+
+    def __init__(self, pool: Pool, *, last_step: str, **options: Any) -> None:
+        super().__init__(pool, **options)
+        self.last_step = last_step
+        self.taken = False
+        self.renewal_queued = asyncio.Event()
+        self.last_checkpoint_at: float | None = None
+        self.settled_at: float | None = None
+
+    async def extend_lease(self, lease: Lease, *args: Any, **kwargs: Any) -> None:
+        if self.taken:
+            self.renewal_queued.set()
+        await super().extend_lease(lease, *args, **kwargs)
+
+    async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
+        await super().checkpoint(lease, entry)
+        if entry["name"] != self.last_step or self.taken:
+            return
+        held = await self._pool.getconn()
+        self.taken = True
+        await self.renewal_queued.wait()
+        assert self._pool.get_stats().get("requests_waiting") == 1
+        self.last_checkpoint_at = time.monotonic()
+        await self._pool.putconn(held)
+
+    async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
+        await super().complete(lease, result=result, verdict=verdict)
+        self.settled_at = time.monotonic()
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[Pool]:
+    opened = await open_pool(dsn, min_size=1, max_size=4)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def one_connection_pool(dsn: str) -> AsyncIterator[Pool]:
+    opened = await open_pool(dsn, min_size=1, max_size=1)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def claim_loops(runs: RunStore, **options: Any) -> ClaimLoops:
+    cache = DefinitionCache()
+
+    def compile(definition: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return cache.get(definition, digest=digest)
+
+    defaults: dict[str, Any] = {
+        "worker_id": "w-live",
+        "compile": compile,
+        "registry": make_registry(CallLog()),
+        "loops": 1,
+        "poll_interval_s": 0.05,
+        "heartbeat_s": HEARTBEAT_S,
+    }
+    return ClaimLoops(runs, **{**defaults, **options})
+
+
+async def submit(runs: RunStore, workflow: dict[str, Any], text: str) -> uuid.UUID:
+    compiled = DefinitionCache().get(workflow)
+    job_id = uuid.uuid4()
+    await runs.submit(
+        job_id=job_id,
+        workflow_name=compiled.name,
+        definition=workflow,
+        definition_hash=compiled.definition_hash,
+        input=compiled.validate_input({"text": text}),
+    )
+    return job_id
+
+
+async def wait_status(runs: RunStore, job_id: uuid.UUID, *statuses: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = await runs.get(job_id)
+        if job.status in statuses:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"job {job_id} is {job.status}, wanted {statuses}; attempt {job.attempt}, "
+                f"checkpoints {[entry['name'] for entry in job.checkpoints]}, lease until "
+                f"{job.lease_until}, updated at {job.updated_at}, error {job.error!r}"
+            )
+        await asyncio.sleep(0.05)
+
+
+async def test_a_heartbeat_cancelled_as_the_pool_hands_it_a_connection_still_stops(
+    one_connection_pool: Pool, pool: Pool
+) -> None:
+    runs = OutageAtTheLastCheckpoint(one_connection_pool, last_step="review", lease_s=30.0)
+    # Watched through another pool: the worker's has room for one request only.
+    observer = RunStore(pool)
+    job_id = await submit(observer, envelope(name="auto", review="invoke"), "a b c")
+    loops = claim_loops(runs)
+    loops.start()
+    try:
+        job = await wait_status(observer, job_id, "COMPLETED", "FAILED", "DEAD", timeout_s=5.0)
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.status == "COMPLETED", job
+    assert runs.last_checkpoint_at is not None and runs.settled_at is not None
+    assert runs.settled_at - runs.last_checkpoint_at < HEARTBEAT_S
+    assert loops.stats.completed == 1
+
+
+class Clock:
+    """The claim loops' monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class StoreThatStopsAnswering(RunStore):
+    """The first write of ``step``'s checkpoint never comes back."""
+
+    def __init__(self, pool: Pool, *, step: str, **options: Any) -> None:
+        super().__init__(pool, **options)
+        self.step = step
+        self.stuck = asyncio.Event()
+
+    async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
+        if entry["name"] == self.step and not self.stuck.is_set():
+            self.stuck.set()
+            await asyncio.Event().wait()
+        await super().checkpoint(lease, entry)
+
+
+async def test_a_segment_without_progress_is_stopped_and_given_up_by_its_worker(
+    pool: Pool,
+) -> None:
+    lease_s, deadline_s = 30.0, 1.0
+    runs = StoreThatStopsAnswering(pool, step="embed", lease_s=lease_s, retry_base_s=600.0)
+    job_id = await submit(runs, envelope(name="auto", review="invoke", deadline_ms=1000), "a b")
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock)
+    loops.start()
+    try:
+        await asyncio.wait_for(runs.stuck.wait(), timeout=5)
+        loops.watch_once()
+        assert loops.health().detail["running_segments"] == 1
+        clock.advance(deadline_s + lease_s - 0.5)
+        loops.watch_once()
+        assert loops.stats.stalled == 0 and loops.health().healthy
+        clock.advance(1.0)
+        loops.watch_once()
+        job = await wait_status(runs, job_id, "QUEUED", timeout_s=5.0)
+    finally:
+        await loops.stop(grace_s=1)
+    # A retryable failure: the attempt counts and the job waits out its backoff.
+    assert job.attempt == 1 and job.lease_owner is None
+    assert job.error == (
+        "the segment made no progress for longer than its deadline of 1000 ms plus the lease"
+    )
+    assert [entry["name"] for entry in job.checkpoints] == ["tokenize"]
+    assert loops.stats.stalled == 1 and loops.stats.retried == 1
+    assert loops.stats.held_past_bound == 0
+
+
+class SettleThatHangs(RunStore):
+    """The first ``complete`` waits until the test lets it go."""
+
+    def __init__(self, pool: Pool, **options: Any) -> None:
+        super().__init__(pool, **options)
+        self.settling = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
+        if not self.settling.is_set():
+            self.settling.set()
+            await self.release.wait()
+        await super().complete(lease, result=result, verdict=verdict)
+
+
+async def test_a_job_held_past_its_bound_after_its_segment_is_reported_and_handed_back(
+    pool: Pool,
+) -> None:
+    runs = SettleThatHangs(pool, lease_s=30.0)
+    job_id = await submit(runs, envelope(name="auto", review="invoke"), "a b")
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock, settle_bound_s=5.0)
+    loops.start()
+    try:
+        await asyncio.wait_for(runs.settling.wait(), timeout=5)
+        clock.advance(4.0)
+        loops.watch_once()
+        assert loops.health().healthy
+        clock.advance(2.0)
+        loops.watch_once()
+        health = loops.health()
+        assert not health.healthy
+        assert health.detail["held_past_bound_jobs"] == [str(job_id)]
+        assert str(job_id) in health.summary
+        # Handed back by the watchdog while the settle still hangs.
+        job = await wait_status(runs, job_id, "QUEUED", timeout_s=5.0)
+        assert job.attempt == 0
+        runs.release.set()
+        # The late settle finds the lease gone and writes nothing; the job runs again.
+        job = await wait_status(runs, job_id, "COMPLETED", timeout_s=5.0)
+    finally:
+        await loops.stop(grace_s=1)
+    assert job.attempt == 1
+    assert loops.stats.held_past_bound == 1 and loops.stats.lease_lost == 1
+    assert loops.stats.handed_back == 1
+    assert loops.health().healthy
+    assert loops.health().detail["held_past_bound"] == 0
+
+
+class ClaimsThatFail(RunStore):
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        self.failed = asyncio.Event()
+
+    async def claim_batch(self, worker_id: str, limit: int) -> list[Any]:
+        self.failed.set()
+        raise psycopg.OperationalError("connection refused")
+
+
+async def test_claims_failing_past_the_bound_make_the_loops_unhealthy(pool: Pool) -> None:
+    runs = ClaimsThatFail(pool)
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock, claim_failure_bound_s=60.0)
+    assert not loops.health().ready
+    loops.start()
+    try:
+        await asyncio.wait_for(runs.failed.wait(), timeout=5)
+        health = loops.health()
+        assert health.healthy and health.ready
+        assert health.detail["claim_failures_in_a_row"] >= 1
+        assert health.detail["last_claim_at"] is None
+        clock.advance(61.0)
+        health = loops.health()
+        assert not health.healthy
+        assert health.summary.startswith("claims failing for 61s")
+    finally:
+        await loops.stop(grace_s=1)
+
+
+class SweepsThatFail(RunStore):
+    failing = True
+
+    async def sweep_expired(self, *, limit: int = 1000, now: datetime | None = None) -> SweepResult:
+        if self.failing:
+            raise psycopg.OperationalError("connection refused")
+        return await super().sweep_expired(limit=limit, now=now)
+
+
+async def test_sweeps_failing_past_the_bound_make_the_sweeper_unhealthy(pool: Pool) -> None:
+    runs = SweepsThatFail(pool)
+    clock = Clock()
+    sweeper = Sweeper(runs, interval_s=1.0, failure_bound_s=60.0, clock=clock)
+    with pytest.raises(psycopg.OperationalError):
+        await sweeper.sweep_once()
+    assert sweeper.health().healthy
+    clock.advance(61.0)
+    health = sweeper.health()
+    assert not health.healthy
+    assert health.detail["sweep_failures_in_a_row"] == 1
+    assert "connection refused" in health.summary
+    runs.failing = False
+    await sweeper.sweep_once()
+    health = sweeper.health()
+    assert health.healthy and health.detail["last_sweep_age_s"] == 0

@@ -1,0 +1,234 @@
+"""Request topic ownership: the group description read from a real broker and
+the watchdog's escalation on it (the assignor is tested with a worker process,
+in tests/e2e/test_ownership.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from streams.ownership import (
+    GroupOwnership,
+    OwnershipLost,
+    OwnershipWatchdog,
+    Thresholds,
+    read_ownership,
+)
+
+THRESHOLDS = Thresholds(interval_s=1.0, rejoin_after_s=30.0, exit_after_s=60.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Member:
+    """A plain consumer of the group, subscribed to ``topics``, polled until assigned."""
+
+    def __init__(self, bootstrap: str, group: str, topics: list[str]) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+            }
+        )
+        self.consumer.subscribe(topics)
+
+    def wait_assigned(self, timeout_s: float = 30.0) -> list[TopicPartition]:
+        deadline = time.monotonic() + timeout_s
+        while not self.consumer.assignment():
+            assert time.monotonic() < deadline, "no assignment"
+            self.consumer.poll(0.2)
+        return list(self.consumer.assignment())
+
+
+@pytest.fixture
+def members() -> Iterator[Callable[[str, str, list[str]], Member]]:
+    made: list[Member] = []
+
+    def make(bootstrap: str, group: str, topics: list[str]) -> Member:
+        member = Member(bootstrap, group, topics)
+        made.append(member)
+        return member
+
+    yield make
+    for member in made:
+        member.consumer.close()
+
+
+def _read(bootstrap: str, group: str, topic: str) -> GroupOwnership:
+    return read_ownership(AdminClient({"bootstrap.servers": bootstrap}), group, topic)
+
+
+async def test_read_ownership_names_owners_unowned_partitions_and_lag(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    members: Callable[[str, str, list[str]], Member],
+) -> None:
+    requests = new_topic(kafka_bootstrap, 3, prefix="own-requests")
+    other = new_topic(kafka_bootstrap, 2, prefix="own-other")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for n in range(5):
+        producer.produce(requests, value=b"r%d" % n, partition=0)
+    producer.produce(requests, value=b"x", partition=2)
+    producer.flush(10)
+
+    owning = f"own-{uuid.uuid4().hex[:8]}"
+    member = members(kafka_bootstrap, owning, [requests])
+    member.wait_assigned()
+    member.consumer.commit(offsets=[TopicPartition(requests, 0, 2)], asynchronous=False)
+    seen = await asyncio.to_thread(_read, kafka_bootstrap, owning, requests)
+    assert seen.stable and seen.members == 1
+    assert seen.partitions == (0, 1, 2)
+    assert seen.unowned == ()
+    assert set(seen.owners) == {0, 1, 2}
+    # Committed 2 of 5 on partition 0; nothing committed on 2, one record there.
+    assert seen.lag == {0: 3, 1: 0, 2: 1}
+
+    # A stable group whose member holds only another topic's partitions.
+    elsewhere = f"own-{uuid.uuid4().hex[:8]}"
+    members(kafka_bootstrap, elsewhere, [other]).wait_assigned()
+    seen = await asyncio.to_thread(_read, kafka_bootstrap, elsewhere, requests)
+    assert seen.stable and seen.members == 1
+    assert seen.unowned == (0, 1, 2)
+    assert seen.lag == {0: 5, 1: 0, 2: 1}
+
+
+async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    members: Callable[[str, str, list[str]], Member],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    requests = new_topic(kafka_bootstrap, 3, prefix="own-requests")
+    other = new_topic(kafka_bootstrap, 1, prefix="own-other")
+    group = f"own-{uuid.uuid4().hex[:8]}"
+    # The group is stable and its only member owns nothing of the request
+    # topic, whatever anyone rejoins: the state the incident left behind.
+    members(kafka_bootstrap, group, [other]).wait_assigned()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    clock = Clock()
+    rejoins: list[float] = []
+    stopped: list[OwnershipLost] = []
+
+    async def describe() -> GroupOwnership:
+        return await asyncio.to_thread(read_ownership, admin, group, requests)
+
+    async def rejoin() -> None:
+        rejoins.append(clock.now)
+
+    async def stop_process(reason: OwnershipLost) -> None:
+        stopped.append(reason)
+
+    watchdog = OwnershipWatchdog(
+        topic=requests,
+        describe=describe,
+        rejoin=rejoin,
+        stop_process=stop_process,
+        thresholds=THRESHOLDS,
+        clock=clock,
+    )
+    assert not watchdog.health().ready  # no assignment yet
+    watchdog.on_assigned([])
+    await watchdog.check()
+    health = watchdog.health()
+    assert health.healthy and health.ready
+    assert health.detail["unowned"] == [0, 1, 2]
+    assert health.detail["assigned"] == []
+
+    clock.now += 29
+    await watchdog.check()
+    assert rejoins == []
+    clock.now += 1
+    await watchdog.check()
+    assert rejoins == [clock.now]
+    assert watchdog.health().healthy  # rejoining may still help
+
+    clock.now += 59
+    await watchdog.check()
+    assert stopped == []
+    clock.now += 1
+    with caplog.at_level(logging.CRITICAL, logger="streams.ownership"):
+        await watchdog.check()
+    assert len(stopped) == 1 and len(rejoins) == 1
+    assert f"partition(s) 0, 1, 2 of {requests} have had no owner for 90s" in str(stopped[0])
+    assert any(
+        r.levelno == logging.CRITICAL and f"0, 1, 2 of {requests}" in r.getMessage()
+        for r in caplog.records
+    )
+    health = watchdog.health()
+    assert not health.healthy
+    assert health.name == "requests"
+    assert health.detail["lag"] == 0
+    assert "unowned for 90s" in health.summary
+
+
+async def test_watchdog_forgets_a_lapse_once_every_partition_is_owned_again() -> None:
+    clock = Clock()
+    states = [
+        GroupOwnership("STABLE", (0, 1), {0: "a"}, 1),
+        # A rebalance in progress does not count, in either direction.
+        GroupOwnership("PREPARING_REBALANCE", (0, 1), {}, 1),
+        GroupOwnership("STABLE", (0, 1), {0: "a", 1: "b"}, 2),
+        GroupOwnership("STABLE", (0, 1), {1: "b"}, 1),
+    ]
+    rejoins: list[float] = []
+
+    async def describe() -> GroupOwnership:
+        return states.pop(0)
+
+    async def rejoin() -> None:
+        rejoins.append(clock.now)
+
+    async def stop_process(reason: OwnershipLost) -> None:
+        raise AssertionError(reason)
+
+    watchdog = OwnershipWatchdog(
+        topic="t",
+        describe=describe,
+        rejoin=rejoin,
+        stop_process=stop_process,
+        thresholds=THRESHOLDS,
+        clock=clock,
+    )
+    await watchdog.check()
+    clock.now += 31
+    await watchdog.check()  # rebalancing: not judged
+    assert rejoins == []
+    await watchdog.check()  # owned again: the lapse is over
+    assert watchdog.health().detail["unowned_for_s"] == 0
+    clock.now += 100
+    await watchdog.check()  # a new lapse starts now, not 131s ago
+    assert rejoins == []
+    assert watchdog.health().healthy
+
+
+async def test_watchdog_keeps_running_while_the_group_cannot_be_read() -> None:
+    async def describe() -> GroupOwnership:
+        raise OSError("broker unreachable")
+
+    async def never(*_: Any) -> None:
+        raise AssertionError("not expected")
+
+    watchdog = OwnershipWatchdog(
+        topic="t", describe=describe, rejoin=never, stop_process=never, thresholds=THRESHOLDS
+    )
+    await watchdog.check()
+    health = watchdog.health()
+    assert health.healthy
+    assert health.detail["last_error"] == "OSError: broker unreachable"

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,9 +25,15 @@ check-generated: $(STAMP)
 	$(BIN)/python -m schemas.generate --check
 
 # The whole suite: lint, types, generated code, then every test against real
-# Postgres and a real Apache Kafka the suite starts itself.
+# Postgres and a real Apache Kafka the suite starts itself, once, shared by
+# PYTEST_WORKERS processes (the end-to-end tests mostly wait on I/O). A module
+# runs on one worker, so its module-scoped servers start once; the longest
+# modules go first (tests/conftest.py). pytest's exit code 5 (no test ran)
+# fails the target like any other.
+PYTEST_WORKERS ?= 4
 test: lint typecheck check-generated
-	$(BIN)/pytest -p no:cacheprovider
+	$(BIN)/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=15
 
 # Unit tests only: no services.
 test-fast: $(STAMP)
@@ -42,12 +48,12 @@ bench: $(STAMP)
 
 # Side by side with pgqueuer, procrastinate and a bare SKIP LOCKED queue, on one Postgres.
 bench-peers: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,test,bench]'
 	$(BIN)/python -m benchmarks.peers
 
 # A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.
 kafka: $(STAMP)
-	$(BIN)/python -m streams.services kafka
+	$(BIN)/python -m devstack.services kafka
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

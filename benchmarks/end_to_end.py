@@ -4,7 +4,7 @@
 
 Postgres (``DATABASE_URL``, else embedded) and Apache Kafka
 (``KAFKA_BOOTSTRAP_SERVERS``, else the project's own broker) come from
-:mod:`streams.services`; the worker is the real ``faust -A streams.app worker``
+:mod:`devstack.services`; the worker is the real ``faust -A streams.app worker``
 process with every role. The workflow is the sample tokenize -> embed -> review
 with the review answered in-process, so every job has five commit points
 (ACCEPTED, three STEP_CHECKPOINTs, COMPLETED), each an outbox row published to
@@ -42,12 +42,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from cli.http import ApiClient
+from devstack.services import ApacheKafkaService, PostgresService, free_port
+from devstack.stack import WorkerProcess, ensure_topics, worker_environment
 from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder
 from store.migrate import migrate
-from streams.cli import Api
-from streams.devstack import WorkerProcess, ensure_topics, worker_environment
-from streams.services import ApacheKafkaService, PostgresService, free_port
 from workflows.samples import HANDLER_MODULE, automatic_workflow
 
 WORKFLOW_NAME = "bench-embed-review"
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace, console: Console) -> Result:
                 )
                 worker.start()
                 workers.append(worker)
-        apis = [Api(worker.url) for worker in workers]
+        apis = [ApiClient(worker.url) for worker in workers]
         apis[0].call("PUT", f"/v1/workflows/{WORKFLOW_NAME}", {"workflow": bench_workflow()})
 
         watcher = EventWatcher(kafka.bootstrap_servers, topics["WFJOBS_EVENTS_TOPIC"], args.jobs)

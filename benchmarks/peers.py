@@ -76,7 +76,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streams.services import ApacheKafkaService, PostgresService, ServiceError
+from devstack.services import ApacheKafkaService, PostgresService, ServiceError
 
 if TYPE_CHECKING:
     from streams.runtime import Runtime
@@ -427,7 +427,7 @@ class WorkflowJobs:
             "pool": c + 2,
             "relay": "on, Apache Kafka" if kafka else "off (outbox rows stay PENDING)",
         }
-        from workflows.definition import DefinitionCache
+        from workflows.cache import DefinitionCache
         from workflows.samples import automatic_workflow
 
         # One cache for the whole process, as in a long-lived worker: the
@@ -1082,7 +1082,7 @@ def run_all(args: argparse.Namespace, console: Console) -> tuple[list[Row], dict
             try:
                 if row.spec.kafka:
                     assert kafka is not None
-                    from streams.devstack import ensure_topics
+                    from devstack.stack import ensure_topics
 
                     # Made up front, so no run waits for auto-creation.
                     ensure_topics(

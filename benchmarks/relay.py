@@ -107,7 +107,7 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
     total = (rows // JOBS) * JOBS
     started = time.perf_counter()
     cpu_started = time.process_time()
-    relay.start()
+    await relay.start()
     try:
         # Waiting in memory, so the measurement sends no statement of its own.
         for _ in range(DRAIN_TIMEOUT_S * 100):
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from streams.services import ApacheKafkaService, PostgresService
+    from devstack.services import ApacheKafkaService, PostgresService
 
     implementations = {"after": ROOT}
     if args.before is not None:

@@ -230,6 +230,21 @@ def from_json(data: Mapping[str, Any], message: Message) -> Message:
     return message
 
 
+def integral_numbers(value: Any) -> Any:
+    """``value`` with every whole float below 2**53 (exact in a double) as an int.
+
+    ``Struct`` keeps every JSON number as a double; without this a token id
+    17058 would read 17058.0 wherever a ``Struct`` is shown as JSON.
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: integral_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral_numbers(item) for item in value]
+    return value
+
+
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "MIN_EVENT_BYTES",
@@ -246,6 +261,7 @@ __all__ = [
     "event_obeys_rules",
     "events_pb2",
     "from_json",
+    "integral_numbers",
     "parse_job_id",
     "refuse_oversize",
     "requests_pb2",

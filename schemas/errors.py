@@ -54,6 +54,12 @@ class PayloadTooLarge(WorkflowJobsError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class WrongState(WorkflowJobsError):
+    """complete-step on a job that is not WAITING on that step."""
+
+    code = "WRONG_STATE"
+
+
 class ResourceExhausted(WorkflowJobsError):
     code = "RESOURCE_EXHAUSTED"
 

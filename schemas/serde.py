@@ -43,6 +43,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
+from schemas import defaults
 from schemas.consumer import consumer_message_class
 from schemas.contract import WorkflowRunEvent, WorkflowRunRequest, decode_event
 from schemas.errors import InvalidArgument, Unavailable
@@ -50,8 +51,8 @@ from schemas.errors import InvalidArgument, Unavailable
 MAGIC_BYTE = 0
 EVENT_FORMATS = ("protobuf", "avro")
 AVSC_PATH = Path(__file__).resolve().parent / "avro" / "workflow_run_event.avsc"
-DEFAULT_EVENTS_TOPIC = "workflow-run-events"
-DEFAULT_REQUESTS_TOPIC = "workflow-run-requests"
+DEFAULT_EVENTS_TOPIC = defaults.EVENTS_TOPIC
+DEFAULT_REQUESTS_TOPIC = defaults.REQUESTS_TOPIC
 
 # The subject of a topic's values is ``<topic>-value``. Spelled out rather than left
 # to the library default, which asks the registry for topic associations first: an

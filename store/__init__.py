@@ -14,7 +14,7 @@ from store.outbox import (
     RelayResult,
 )
 from store.pool import Pool, create_pool, open_pool
-from store.runs import (
+from store.records import (
     ClaimedJob,
     CompleteStepResult,
     Job,
@@ -22,13 +22,13 @@ from store.runs import (
     JobSummary,
     Lease,
     RetryOutcome,
-    RunStore,
+    SegmentProgress,
     StepOutcome,
-    StepVerdict,
     StepVerifier,
     SubmitResult,
     SweepResult,
 )
+from store.runs import RunStore
 from store.states import STATUSES, TERMINAL, TRANSITIONS, Status
 
 __all__ = [
@@ -56,9 +56,9 @@ __all__ = [
     "RelayResult",
     "RetryOutcome",
     "RunStore",
+    "SegmentProgress",
     "Status",
     "StepOutcome",
-    "StepVerdict",
     "StepVerifier",
     "StoredDefinition",
     "SubmitResult",

@@ -10,11 +10,17 @@ treating it as an outage would requeue the job forever.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
 import psycopg
 import psycopg.errors
 import psycopg_pool
 
-from schemas.errors import UnstorableValue
+from schemas.errors import Unavailable, UnstorableValue
+
+log = logging.getLogger(__name__)
 
 # SQLSTATE class 22 (data exceptions) and 54 (program limits).
 _REFUSED_VALUES: tuple[type[BaseException], ...] = (
@@ -35,6 +41,22 @@ _OUTAGES: tuple[type[BaseException], ...] = (
 def is_outage(exc: BaseException) -> bool:
     """True when retrying the same statement later may well succeed."""
     return isinstance(exc, _OUTAGES) and not isinstance(exc, _REFUSED_VALUES)
+
+
+@contextlib.contextmanager
+def outages_as_unavailable() -> Iterator[None]:
+    """Raise an outage inside the block as ``Unavailable``, the project's own error.
+
+    Callers outside the store (the verbs) then tell "retry later" from a bad
+    request without knowing the database driver.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        log.warning("the store is unreachable: %s", exc)
+        raise Unavailable(f"the store is unreachable: {exc}") from exc
 
 
 def refused_value(exc: BaseException, what: str) -> UnstorableValue | None:

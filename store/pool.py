@@ -12,7 +12,7 @@ Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 DEFAULT_MIN_SIZE = 2
 DEFAULT_MAX_SIZE = 10
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 10.0
 APPLICATION_NAME = "workflow-jobs"
 
 

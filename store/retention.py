@@ -22,7 +22,7 @@ Passes only ever overlap harmlessly anyway; the lock keeps a fleet from doing
 the same work N times.
 
 A snapshot is deleted under the exclusive form of the per-hash lock each
-submit holds in shared form (see ``store.runs.SNAPSHOT_LOCK_CLASS``): taken
+submit holds in shared form (see ``store.run_sql.SNAPSHOT_LOCK_CLASS``): taken
 without waiting, so retention never holds up a submit, and followed by a fresh
 check that no job names the snapshot.
 """
@@ -39,7 +39,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
 from store.pool import Pool
-from store.runs import SNAPSHOT_LOCK_CLASS
+from store.run_sql import SNAPSHOT_LOCK_CLASS
 from store.states import TERMINAL, Status
 
 # A session lock key of its own; the migration runner's is ...0001.

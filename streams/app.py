@@ -32,7 +32,7 @@ from streams.broker import BootWithoutKafka, connect_kafka
 from streams.request_agent import register_request_agent
 from streams.runtime import Runtime
 from streams.settings import Settings, SettingsError
-from streams.web import Api, register_views
+from streams.web import HttpVerbs, register_views
 
 
 class Worker(faust.Worker):
@@ -100,7 +100,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
     # rebalance (a crashed group member can hold that up for a whole session
     # timeout), and the store stays open until the request agent has stopped.
     app.add_dependency(runtime)
-    register_views(app, Api(runtime), verbs="api" in settings.roles)
+    register_views(app, HttpVerbs(runtime), verbs="api" in settings.roles)
     if "worker" in settings.roles:
         register_request_agent(app, runtime)
         connect_kafka(app, runtime)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,8 @@ from aiokafka import AIOKafkaClient  # type: ignore[import-untyped]
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from faust.app.base import BootStrategy
 
+from schemas import defaults
+from streams.backoff import Backoff
 from streams.health import PartHealth
 
 if TYPE_CHECKING:
@@ -92,8 +93,7 @@ class BrokerConnection(mode.Service):
         self._app = app
         self.bootstrap_servers = bootstrap_servers
         self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
-        self._retry_base_s = retry_base_s
-        self._retry_max_s = retry_max_s
+        self._backoff = Backoff(retry_base_s, max(retry_base_s, retry_max_s))
         self._state = "waiting"
         self._since = _now()
         self._since_monotonic = time.monotonic()
@@ -138,8 +138,7 @@ class BrokerConnection(mode.Service):
     @mode.Service.task
     async def _connect(self) -> None:
         while not await self.broker_answers():
-            doubled = self._retry_base_s * 2 ** min(self._attempts - 1, 16)
-            pause = min(self._retry_max_s, doubled * random.uniform(0.8, 1.2))
+            pause = self._backoff.next()
             log.warning(
                 "Kafka at %s does not answer (%s); trying again in %.1fs (attempt %d)",
                 self.bootstrap_servers,
@@ -194,7 +193,7 @@ class BrokerConnection(mode.Service):
         for server in self._servers:
             host, colon, port = server.rpartition(":")
             if not colon:
-                host, port = server, "9092"
+                host, port = server, str(defaults.KAFKA_PORT)
             try:
                 _, writer = await asyncio.wait_for(
                     asyncio.open_connection(host.strip("[]"), int(port)),

@@ -44,6 +44,13 @@ A watchdog, ticking without I/O, keeps the two bounds a held job has:
 Stopping: no more claims; running segments get ``grace_s`` to finish and
 settle; whatever is still running then is cancelled and handed back, as are
 claimed jobs no runner had started.
+
+``ClaimLoops`` is a mode service: the claimer, the runners and the watchdog
+are its tasks. A claim that fails because the store is away is retried after
+the shared backoff; anything else that escapes one of them (a claim the
+database refuses, a defect in the watchdog) crashes the service, and with it
+the process. A job whose segment or settle goes wrong is the job's business
+and is settled or handed back; it never takes a runner down.
 """
 
 from __future__ import annotations
@@ -58,14 +65,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import mode
+
 from schemas.errors import InvalidArgument, LeaseLost, UnstorableValue
 from store.errors import is_outage
-from store.runs import ClaimedJob, Lease, RunStore, SegmentProgress
+from store.records import ClaimedJob, Lease, SegmentProgress
+from store.runs import RunStore
+from streams.backoff import Backoff
 from streams.health import PartHealth
-from workflows.definition import CompiledWorkflow, Step
 from workflows.failures import FailureKind, StepFailure
 from workflows.invokers import GrpcChannels, HandlerRegistry
 from workflows.runner import Completed, Parked, SegmentOutcome, run_segment
+from workflows.steps import CompiledWorkflow, Step
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +90,8 @@ _CLAIM_STOP_TIMEOUT_S = 3.0
 _HAND_BACK_TIMEOUT_S = 5.0
 # The watchdog's longest tick; it does no I/O, so ticking often costs nothing.
 _WATCH_INTERVAL_S = 1.0
+# The longest pause between claims while the store is away.
+_CLAIM_RETRY_CAP_S = 30.0
 
 
 class _StoreTrouble(Exception):
@@ -140,7 +153,7 @@ class _Holding:
         )
 
 
-class ClaimLoops:
+class ClaimLoops(mode.Service):
     def __init__(
         self,
         runs: RunStore,
@@ -157,11 +170,14 @@ class ClaimLoops:
         channels: GrpcChannels | None = None,
         settle_bound_s: float = 30.0,
         claim_failure_bound_s: float = 60.0,
+        grace_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
     ) -> None:
         """``settle_bound_s``: longest a job may stay held once its segment ended
         before the watchdog hands it back; ``claim_failure_bound_s``: how long
         claims may fail in a row before ``health()`` says the loops are stuck;
+        ``grace_s``: how long running segments may finish when the loops stop;
         ``clock``: the monotonic clock of every bound here."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
@@ -171,6 +187,7 @@ class ClaimLoops:
             )
         if not worker_id.strip():
             raise ValueError("worker_id must not be blank")
+        super().__init__(**kwargs)
         self._runs = runs
         self._worker_id = worker_id
         self._compile = compile
@@ -178,6 +195,8 @@ class ClaimLoops:
         self._loops = loops
         self._batch = batch
         self._poll_interval_s = poll_interval_s
+        self._claim_backoff = Backoff(poll_interval_s, max(poll_interval_s, _CLAIM_RETRY_CAP_S))
+        self._grace_s = grace_s
         self._heartbeat_s = heartbeat_s
         self._max_per_target = max_per_target
         self._wake = wake if wake is not None else asyncio.Event()
@@ -187,15 +206,15 @@ class ClaimLoops:
         self._has_idle = asyncio.Event()
         self._has_idle.set()
         self._stopping = False
-        self._claimer: asyncio.Task[None] | None = None
-        self._runners: list[asyncio.Task[None]] = []
-        self._busy: set[asyncio.Task[Any]] = set()
+        self._claimer: asyncio.Future[None] | None = None
+        self._runners: list[asyncio.Future[None]] = []
+        self._busy: set[asyncio.Future[Any]] = set()
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._settle_bound_s = settle_bound_s
         self._claim_failure_bound_s = claim_failure_bound_s
         self._clock = clock
         self._holdings: set[_Holding] = set()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Future[None] | None = None
         self._pending: set[asyncio.Task[Any]] = set()
         # Claim health: when the last claim answered, and since when claims fail.
         self._last_claim_at: float | None = None
@@ -206,27 +225,23 @@ class ClaimLoops:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        if self._claimer is not None:
-            return
-        loop = asyncio.get_running_loop()
-        self._claimer = loop.create_task(self._claim_forever(), name="claimer")
-        self._runners = [
-            loop.create_task(self._run_forever(), name=f"claim-loop-{index}")
-            for index in range(self._loops)
-        ]
-        self._watchdog = loop.create_task(self._watch_forever(), name="claim-watchdog")
+    async def on_start(self) -> None:
+        # Service tasks, kept by handle: stopping treats each kind differently.
+        self._claimer = self.add_future(self._claim_forever())
+        self._runners = [self.add_future(self._run_forever()) for _ in range(self._loops)]
+        self._watchdog = self.add_future(self._watch_forever())
         log.info("claim loops started: %d runner(s), worker %s", self._loops, self._worker_id)
 
     def wake(self) -> None:
         """Look for work now instead of at the end of the idle wait."""
         self._wake.set()
 
-    async def stop(self, *, grace_s: float = 10.0) -> None:
+    async def on_stop(self) -> None:
         """Stop claiming, let running segments finish for ``grace_s``, hand back the rest."""
         if self._stopping:
             return
         self._stopping = True
+        grace_s = self._grace_s
         self._wake.set()
         self._has_idle.set()
         claimer, self._claimer = self._claimer, None
@@ -247,7 +262,8 @@ class ClaimLoops:
             _, pending = await asyncio.wait(busy, timeout=grace_s)
             for task in pending:
                 task.cancel()
-        await asyncio.gather(*self._runners, return_exceptions=True)
+        if self._runners:
+            await asyncio.wait(self._runners)
         self._runners = []
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -263,7 +279,6 @@ class ClaimLoops:
     # ------------------------------------------------------------------ claiming
 
     async def _claim_forever(self) -> None:
-        failures = 0
         while not self._stopping:
             await self._has_idle.wait()
             if self._stopping:
@@ -274,10 +289,10 @@ class ClaimLoops:
             self._wake.clear()
             try:
                 claimed = await self._runs.claim_batch(self._worker_id, want)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
-                failures += 1
+                if not is_outage(exc):
+                    raise
+                failures = self._claim_backoff.failures + 1
                 self._claim_failures = failures
                 if self._failing_since is None:
                     self._failing_since = self._clock()
@@ -286,9 +301,9 @@ class ClaimLoops:
                     log.warning(
                         "claim failed (%d in a row): %s: %s", failures, type(exc).__name__, exc
                     )
-                await self._pause(min(30.0, self._poll_interval_s * 2 ** min(failures, 5)))
+                await self._pause(self._claim_backoff.next())
                 continue
-            failures = 0
+            self._claim_backoff.reset()
             self._claim_failures = 0
             self._failing_since = None
             self._last_claim_at = self._clock()
@@ -312,7 +327,7 @@ class ClaimLoops:
     # ------------------------------------------------------------------ running
 
     async def _run_forever(self) -> None:
-        task = asyncio.current_task()
+        task: asyncio.Future[Any] | None = asyncio.current_task()
         assert task is not None
         while not self._stopping:
             claimed = await self._queue.get()
@@ -550,12 +565,13 @@ class ClaimLoops:
 
     async def _watch_forever(self) -> None:
         interval = min(self._heartbeat_s, _WATCH_INTERVAL_S)
+        # Plain sleeps: the watchdog keeps watching through the shutdown grace,
+        # until ``on_stop`` cancels it.
         while True:
             await asyncio.sleep(interval)
-            try:
-                self.watch_once()
-            except Exception:
-                log.exception("claim watchdog: unexpected error; it keeps watching")
+            # No I/O and no expected failure: anything raised here is a defect,
+            # and a process whose watchdog is gone must not look healthy.
+            self.watch_once()
 
     def watch_once(self) -> None:
         """Stop stalled segments; hand back jobs held past the bound after their segment.

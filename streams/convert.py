@@ -16,12 +16,12 @@ from google.protobuf.message import Message
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from schemas.contract import api_pb2, to_json
+from schemas.contract import api_pb2, integral_numbers, to_json
 
 if TYPE_CHECKING:
-    # Types only: the CLI imports this module and should not pay for the store's driver.
+    # Types only: converting rows needs their shapes, not the store's driver.
     from store.definitions import StoredDefinition
-    from store.runs import Job, JobSummary
+    from store.records import Job, JobSummary
 
 JobMessage = api_pb2.Job
 
@@ -120,19 +120,7 @@ def message_json(message: Message) -> dict[str, Any]:
     return result
 
 
-def integral_numbers(value: Any) -> Any:
-    """``value`` with every whole float below 2**53 (exact in a double) as an int."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: integral_numbers(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [integral_numbers(item) for item in value]
-    return value
-
-
 __all__ = [
-    "integral_numbers",
     "job_message",
     "job_summary_message",
     "message_json",

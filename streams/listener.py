@@ -8,30 +8,39 @@ a timeout, when they find none; polling stays the fallback when the connection
 is down.
 
 The claim loops (new QUEUED work) and the outbox relay (new events) share the
-one connection: a process holds one listening backend whatever its roles.
+one connection: a process holds one listening backend whatever its roles. The
+connection itself is ``store.notify``; this service keeps it open, reconnecting
+after an outage with the shared backoff. Anything but an outage is a defect
+and crashes the service, and with it the process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from typing import Any
 
-import psycopg
-from psycopg import sql
+import mode
+
+from store.errors import is_outage
+from store.notify import listen
+from streams.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
+# The longest pause between reconnects while the store is away.
+RETRY_CAP_S = 30.0
 
-class Listener:
-    def __init__(self, dsn: str, *channels: str, retry_s: float = 1.0) -> None:
+
+class Listener(mode.Service):
+    def __init__(self, dsn: str, *channels: str, retry_s: float = 1.0, **kwargs: Any) -> None:
         if not channels:
             raise ValueError("a listener needs at least one channel")
+        super().__init__(**kwargs)
         self._dsn = dsn
         self._channels = tuple(dict.fromkeys(channels))
-        self._retry_s = retry_s
+        self._backoff = Backoff(retry_s, RETRY_CAP_S)
         self._subscribers: dict[str, list[asyncio.Event]] = {name: [] for name in self._channels}
-        self._task: asyncio.Task[None] | None = None
         self.notifications = 0
 
     @property
@@ -51,44 +60,26 @@ class Listener:
             for event in self._subscribers.get(channel, ()):
                 event.set()
 
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"listen-{','.join(self._channels)}"
-            )
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _run(self) -> None:
-        failures = 0
-        while True:
+    @mode.Service.task
+    async def _listen(self) -> None:
+        while not self.should_stop:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="workflow-jobs listen"
-                ) as conn:
-                    for channel in self._channels:
-                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    failures = 0
+                async with listen(self._dsn, self._channels) as notified:
+                    self._backoff.reset()
                     self._wake(self._channels)
-                    async for notify in conn.notifies():
+                    async for channel in notified:
                         self.notifications += 1
-                        self._wake((notify.channel,))
-            except asyncio.CancelledError:
-                raise
+                        self._wake((channel,))
             except Exception as exc:
-                failures += 1
-                if failures == 1:
+                if not is_outage(exc):
+                    raise
+                if self._backoff.failures == 0:
                     log.warning(
                         "LISTEN %s lost (%s); polling until it is back",
                         ", ".join(self._channels),
                         exc,
                     )
-            await asyncio.sleep(min(30.0, self._retry_s * 2 ** min(failures, 5)))
+            await self.sleep(self._backoff.next())
 
 
 __all__ = ["Listener"]

@@ -21,7 +21,7 @@ appear. The coordinator compares the partition counts after each refresh with
 the ones the assignment used and rejoins the group as soon as they differ.
 
 **The watchdog, for whatever else.** ``OwnershipWatchdog`` reads the group's
-description from the broker (the admin API, off the event loop) every
+description from the broker (aiokafka's admin client, never librdkafka's) every
 ``WFJOBS_OWNERSHIP_CHECK_S``. When the group is stable and some partitions of
 the request topic have no owner for ``WFJOBS_UNOWNED_REJOIN_S``, it refreshes
 this member's metadata and makes it rejoin the group; when they still have
@@ -40,14 +40,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import mode
-from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
-
-# Where the stubs type it; confluent_kafka.admin re-exports it untyped.
-from confluent_kafka.admin._listoffsets import OffsetSpec
+from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+from aiokafka.coordinator.protocol import (  # type: ignore[import-untyped]
+    ConsumerProtocol,
+    ConsumerProtocolMemberAssignment,
+)
+from aiokafka.errors import (  # type: ignore[import-untyped]
+    KafkaConnectionError,
+    LeaderNotAvailableError,
+    for_code,
+)
+from aiokafka.protocol.metadata import MetadataRequest  # type: ignore[import-untyped]
+from aiokafka.protocol.offset import OffsetRequest  # type: ignore[import-untyped]
+from aiokafka.structs import TopicPartition  # type: ignore[import-untyped]
 from faust.assignor import PartitionAssignor
 from faust.types import AppT
 
+from streams.backoff import Backoff
 from streams.health import PartHealth
 
 if TYPE_CHECKING:
@@ -57,8 +66,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long one admin request may take before the check counts as failed.
+# How long one read of the group may take before the check counts as failed.
 ADMIN_TIMEOUT_S = 10.0
+
+# The coordinator's names for a group's states, as the watchdog and /healthz spell them.
+_GROUP_STATES = {
+    "Stable": "STABLE",
+    "PreparingRebalance": "PREPARING_REBALANCE",
+    "CompletingRebalance": "COMPLETING_REBALANCE",
+    "Empty": "EMPTY",
+    "Dead": "DEAD",
+}
+# ListOffsets' timestamps for the end and the start of a partition's log.
+_LATEST = -1
+_EARLIEST = -2
 
 
 class OwnershipLost(RuntimeError):
@@ -93,54 +114,151 @@ class GroupOwnership:
         return tuple(p for p in self.partitions if p not in self.owners)
 
 
-def read_ownership(
-    admin: AdminClient, group: str, topic: str, *, timeout_s: float = ADMIN_TIMEOUT_S
+async def read_ownership(
+    admin: Any, group: str, topic: str, *, timeout_s: float = ADMIN_TIMEOUT_S
 ) -> GroupOwnership:
-    """The group's ownership of ``topic`` (blocking: run it in a thread)."""
-    meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    partitions: tuple[int, ...] = ()
-    if meta is not None and meta.error is None:
-        partitions = tuple(sorted(meta.partitions))
-    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(
-        timeout=timeout_s + 1
-    )
-    owners: dict[int, str] = {}
-    for member in description.members:
-        assignment = member.assignment
-        for tp in assignment.topic_partitions if assignment is not None else ():
-            if tp.topic == topic:
-                owners[tp.partition] = member.member_id
-    state = description.state
-    name = state.name if isinstance(state, ConsumerGroupState) else str(state)
-    return GroupOwnership(
-        state=name,
-        partitions=partitions,
-        owners=owners,
-        members=len(description.members),
-        lag=_lag(admin, group, topic, partitions, timeout_s) if partitions else {},
-    )
+    """The group's ownership of ``topic``, read with a started ``AIOKafkaAdminClient``."""
+    async with asyncio.timeout(timeout_s):
+        leaders = await _partition_leaders(admin, topic)
+        coordinator = await admin.find_coordinator(group)
+        (response,) = await admin.describe_consumer_groups([group], coordinator)
+        (description,) = response.to_object()["groups"]
+        if description["error_code"]:
+            raise for_code(description["error_code"])(f"group {group} not described")
+        owners: dict[int, str] = {}
+        # Only the consumer protocol's assignment is a list of topic partitions;
+        # while the group rebalances a member's assignment is empty.
+        consumer = description["protocol_type"] == ConsumerProtocol.PROTOCOL_TYPE
+        for member in description["members"] if consumer else ():
+            if not member["member_assignment"]:
+                continue
+            assignment = ConsumerProtocolMemberAssignment.decode(member["member_assignment"])
+            for assigned, partitions in assignment.assignment:
+                if assigned == topic:
+                    owners.update(dict.fromkeys(partitions, member["member_id"]))
+        partitions = tuple(sorted(leaders))
+        return GroupOwnership(
+            state=_GROUP_STATES.get(description["state"], "UNKNOWN"),
+            partitions=partitions,
+            owners=owners,
+            members=len(description["members"]),
+            lag=await _lag(admin, group, coordinator, topic, leaders) if partitions else {},
+        )
 
 
-def _lag(
-    admin: AdminClient, group: str, topic: str, partitions: tuple[int, ...], timeout_s: float
+async def _partition_leaders(admin: Any, topic: str) -> dict[int, int]:
+    """Partition -> its leader's node id; empty when the broker does not know the topic."""
+    client = admin._client
+    node = client.get_random_node()
+    if node is None:
+        raise KafkaConnectionError("no broker known to ask for metadata")
+    # The admin's own describe_topics lets the broker create a topic it does
+    # not know; asking about the request topic must never create it.
+    response = await client.send(node, MetadataRequest([topic], allow_auto_topic_creation=False))
+    # The leaders' addresses, for the offset requests sent to them.
+    client.cluster.update_metadata(response)
+    for entry in response.to_object()["topics"]:
+        if entry["topic"] == topic and not entry["error_code"]:
+            return {p["partition"]: p["leader"] for p in entry["partitions"]}
+    return {}
+
+
+async def _lag(
+    admin: Any, group: str, coordinator: int, topic: str, leaders: Mapping[int, int]
 ) -> dict[int, int]:
-    tps = [TopicPartition(topic, p) for p in partitions]
-    committed_result = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
-    )[group].result(timeout=timeout_s + 1)
-    committed = {tp.partition: tp.offset for tp in committed_result.topic_partitions or ()}
-    # The stubs leave the factories untyped.
-    spec: Any = OffsetSpec
-    latest = admin.list_offsets({tp: spec.latest() for tp in tps}, request_timeout=timeout_s)
-    earliest = admin.list_offsets({tp: spec.earliest() for tp in tps}, request_timeout=timeout_s)
-    lag = {}
-    for tp in tps:
-        high = latest[tp].result(timeout=timeout_s + 1).offset
-        start = committed.get(tp.partition, -1)
-        if start < 0:
-            start = earliest[tp].result(timeout=timeout_s + 1).offset
-        lag[tp.partition] = max(0, high - start)
-    return lag
+    tps = [TopicPartition(topic, p) for p in sorted(leaders)]
+    committed = await admin.list_consumer_group_offsets(group, coordinator, tps)
+    start = {tp.partition: committed[tp].offset if tp in committed else -1 for tp in tps}
+    high = await _offsets(admin, topic, leaders, list(start), _LATEST)
+    uncommitted = [p for p, offset in start.items() if offset < 0]
+    if uncommitted:
+        start.update(await _offsets(admin, topic, leaders, uncommitted, _EARLIEST))
+    return {p: max(0, high[p] - start[p]) for p in start}
+
+
+async def _offsets(
+    admin: Any, topic: str, leaders: Mapping[int, int], partitions: list[int], spec: int
+) -> dict[int, int]:
+    """The log end (``_LATEST``) or start (``_EARLIEST``) of ``partitions``, from their leaders."""
+    by_leader: dict[int, list[tuple[int, int]]] = {}
+    for p in partitions:
+        if leaders[p] < 0:
+            raise LeaderNotAvailableError(f"partition {p} of {topic} has no leader")
+        by_leader.setdefault(leaders[p], []).append((p, spec))
+    offsets: dict[int, int] = {}
+    for leader, asked in by_leader.items():
+        # Replica -1: a client, not a follower; isolation 0: up to the high watermark.
+        response = await admin._client.send(leader, OffsetRequest(-1, 0, [(topic, asked)]))
+        for entry in response.to_object()["topics"]:
+            for part in entry["partitions"]:
+                if part["error_code"]:
+                    raise for_code(part["error_code"])(
+                        f"no offset for partition {part['partition']} of {topic}"
+                    )
+                offsets[part["partition"]] = part["offset"]
+    return offsets
+
+
+class OwnershipReader(mode.Service):
+    """Reads one group's ownership of one topic through an admin client it keeps.
+
+    The client is made on the first read, so building the app opens no
+    connection, and closed with the service. A read that fails drops it and the
+    next read makes a new one: nothing of a connection the broker's restart
+    broke is carried over, and while the broker is away a read fails fast at
+    the bootstrap. Everything is aiokafka on this event loop: librdkafka's
+    admin requests abort the whole process when they time out across a broker
+    restart (confluentinc/librdkafka#4605).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group: str,
+        topic: str,
+        *,
+        timeout_s: float = ADMIN_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+        self._group = group
+        self._topic = topic
+        self._timeout_s = timeout_s
+        self._admin: Any = None
+        self._lock = asyncio.Lock()
+
+    async def read(self) -> GroupOwnership:
+        async with self._lock:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    if self._admin is None:
+                        self._admin = AIOKafkaAdminClient(
+                            bootstrap_servers=self._servers,
+                            client_id="workflow-jobs-ownership",
+                            request_timeout_ms=int(self._timeout_s * 1000),
+                        )
+                        await self._admin.start()
+                    return await read_ownership(
+                        self._admin, self._group, self._topic, timeout_s=self._timeout_s
+                    )
+            except BaseException:
+                await self._drop()
+                raise
+
+    async def on_stop(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+    async def _drop(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is None:
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await admin.close()
+        except Exception as exc:
+            log.debug("admin client not closed cleanly: %s: %s", type(exc).__name__, exc)
 
 
 # --------------------------------------------------------------------------- the assignor
@@ -182,10 +300,9 @@ class OwnershipAssignor(PartitionAssignor):
         return assignment
 
     async def _refresh_until_known(self, cluster: Any, topics: list[str]) -> None:
-        pause = self.refresh_base_s
+        backoff = Backoff(self.refresh_base_s, self.refresh_cap_s)
         while any(not cluster.partitions_for_topic(topic) for topic in topics):
-            await asyncio.sleep(pause)
-            pause = min(self.refresh_cap_s, pause * 2)
+            await asyncio.sleep(backoff.next())
             try:
                 await aiokafka_consumer(self.app)._client.force_metadata_update()
             except Exception as exc:
@@ -261,7 +378,7 @@ class OwnershipWatchdog(mode.Service):
         except Exception as exc:
             # The broker is away: nothing can be consumed, and nothing can be
             # judged either. The clock of an ongoing lapse keeps running.
-            error = f"{type(exc).__name__}: {exc}"
+            error = _describe_error(exc)
             if error != self.last_error:
                 log.warning("request topic ownership not read: %s", error)
             self.last_error = error
@@ -347,6 +464,12 @@ class OwnershipWatchdog(mode.Service):
         )
 
 
+def _describe_error(exc: BaseException) -> str:
+    """The error once: aiokafka's messages already start with their class name."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
+
+
 def _names(partitions: Iterable[int]) -> str:
     return ", ".join(str(p) for p in partitions)
 
@@ -359,18 +482,7 @@ def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> Ownership
     settings = runtime.settings
     # Set before the consumer exists: Faust builds its assignor from this lazily.
     cast(Any, app.conf).PartitionAssignor = OwnershipAssignor
-    admins: list[AdminClient] = []
-
-    def read() -> GroupOwnership:
-        # Made on first use: building the app must not open connections.
-        if not admins:
-            admins.append(
-                AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "log_level": 0})
-            )
-        return read_ownership(admins[0], settings.consumer_group, topic)
-
-    async def describe() -> GroupOwnership:
-        return await asyncio.to_thread(read)
+    reader = OwnershipReader(settings.kafka_bootstrap_servers, settings.consumer_group, topic)
 
     async def rejoin() -> None:
         consumer = aiokafka_consumer(app)
@@ -389,7 +501,7 @@ def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> Ownership
 
     watchdog = OwnershipWatchdog(
         topic=topic,
-        describe=describe,
+        describe=reader.read,
         rejoin=rejoin,
         stop_process=stop_process,
         thresholds=Thresholds(
@@ -404,6 +516,8 @@ def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> Ownership
         watchdog.on_assigned(tp.partition for tp in assigned if tp.topic == topic)
 
     app.on_partitions_assigned.connect(on_assigned)
+    # Started before the watchdog's first read, closed after its last.
+    watchdog.add_dependency(reader)
     app.add_dependency(watchdog)
     runtime.register_health(watchdog.health)
     return watchdog
@@ -413,6 +527,7 @@ __all__ = [
     "GroupOwnership",
     "OwnershipAssignor",
     "OwnershipLost",
+    "OwnershipReader",
     "OwnershipWatchdog",
     "Thresholds",
     "install_ownership",

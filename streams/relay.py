@@ -29,6 +29,10 @@ The loop sleeps ``interval_s`` when idle and wakes early when ``wake`` is set:
 the process's shared LISTEN connection (``streams.listener``) sets it on every
 outbox NOTIFY. Delivery reports are awaited in a worker thread, so the event
 loop keeps serving the rest of the process while the broker answers.
+
+The relay is a mode service. A pass that fails because the store is away is
+retried after the shared backoff (``streams.backoff``); anything else that
+escapes a pass is a defect and crashes the service, and with it the process.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
+import mode
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf.message import Error as ProtobufError
@@ -52,7 +57,9 @@ from google.protobuf.message import Error as ProtobufError
 from schemas.contract import with_event_id
 from schemas.errors import ContractViolation, InvalidArgument
 from schemas.serde import EventSerializer, event_serializer
+from store.errors import is_outage
 from store.outbox import Backlog, PublishFailure, RelayResult
+from streams.backoff import backoff_delay
 from streams.health import PartHealth
 from streams.settings import Settings
 
@@ -190,13 +197,13 @@ class RelayStats:
     failing_passes: int = 0
 
 
-class OutboxRelay:
+class OutboxRelay(mode.Service):
     """One relay: a producer and a loop over ``Outbox.relay_batch``, woken by ``wake``.
 
-    ``start()`` runs it as a task on the current loop and ``stop()`` ends it,
-    flushing the producer; ``run_until_stopped()`` is the same loop for callers
-    that manage the task themselves. ``relay_once()`` is one pass, for tests.
-    ``health()`` says whether it is publishing (``streams.health``).
+    Starting the service runs the loop; stopping it finishes the pass in
+    progress, then flushes and closes the producer (also when only
+    ``relay_once()``, one pass, was used). ``health()`` says whether it is
+    publishing (``streams.health``).
     """
 
     def __init__(
@@ -212,9 +219,11 @@ class OutboxRelay:
         name: str = "relay",
         backoff_max_s: float = 30.0,
         stuck_after_s: float = 120.0,
+        **kwargs: Any,
     ) -> None:
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
+        super().__init__(**kwargs)
         self._outbox = outbox
         self._producer_config = dict(producer_config)
         self._topic = topic
@@ -234,8 +243,7 @@ class OutboxRelay:
         self._fatal: KafkaError | None = None
         self._prepared = False
         self._wake = wake if wake is not None else asyncio.Event()
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop_future: asyncio.Future[None] | None = None
         self._random = random.Random()
         self.stats = RelayStats()
         # What health() reports, all kept in memory.
@@ -260,37 +268,32 @@ class OutboxRelay:
     def producer_config(self) -> Mapping[str, Any]:
         return self._producer_config
 
-    def start(self) -> asyncio.Task[None]:
-        if self._task is None or self._task.done():
-            self._stopping.clear()
-            self._task = asyncio.get_running_loop().create_task(
-                self.run_until_stopped(), name=f"outbox-{self._name}"
-            )
-        return self._task
+    async def on_start(self) -> None:
+        # Kept by handle: stopping waits for the pass in progress to finish.
+        self._loop_future = self.add_future(self._run())
 
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         """Finish the pass in progress, then flush and close the producer."""
-        self._stopping.set()
         self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        else:
-            await self._close()
+        future, self._loop_future = self._loop_future, None
+        if future is not None:
+            await asyncio.wait({future})
+        await self._close()
 
     def wake(self) -> None:
         """Start the next pass now instead of after the idle interval."""
         self._wake.set()
 
-    async def run_until_stopped(self) -> None:
+    async def _run(self) -> None:
         log.info("%s: publishing to %s", self._name, self._topic)
         try:
-            while not self._stopping.is_set():
+            while not self.should_stop:
                 self._wake.clear()
                 try:
                     result = await self.relay_once()
                 except Exception as exc:
+                    if not is_outage(exc):
+                        raise
                     # A store outage must not end the worker: log it and try
                     # again after a growing pause.
                     self.stats.errors += 1
@@ -309,22 +312,21 @@ class OutboxRelay:
             await self._close()
 
     def _backoff_s(self) -> float:
-        """The pause after ``failing_passes`` fruitless passes: exponential, capped, jittered."""
-        exponent = min(self.stats.failing_passes, 30)
-        ceiling = min(self._backoff_max_s, self._interval_s * 2.0**exponent)
-        # Jitter spreads the retries of a fleet of relays that failed together.
-        return ceiling * self._random.uniform(0.5, 1.0)
+        """The pause after ``failing_passes`` fruitless passes (see ``streams.backoff``)."""
+        return backoff_delay(
+            self.stats.failing_passes,
+            base_s=self._interval_s,
+            cap_s=self._backoff_max_s,
+            rng=self._random,
+        )
 
     async def _back_off(self) -> None:
-        # Only stop() ends the pause: outbox NOTIFYs keep coming while the
+        # Only stopping ends the pause: outbox NOTIFYs keep coming while the
         # broker is away, and must not turn the pause into back-to-back retries.
-        if self._stopping.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=self._backoff_s())
+        await self.sleep(self._backoff_s())
 
     async def _idle(self, seconds: float) -> None:
-        if self._stopping.is_set():
+        if self.should_stop:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)

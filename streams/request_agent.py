@@ -11,6 +11,9 @@ One message, one outcome, decided in ``RequestHandler.handle``:
   FAILED event), so whoever produced the request can look the job up by id;
 * otherwise the stored workflow is submitted, idempotently on ``job_id``.
 
+The last two are one call of ``streams.jobs.Jobs.submit``, the same submit the
+HTTP verb makes, asked to record a refusal as a FAILED job instead of raising it.
+
 The offset is acknowledged only once that outcome is durable (the row
 committed, or the dead letter acknowledged by the broker). When the store, the
 registry or the broker cannot be reached the agent retries the same message in
@@ -27,24 +30,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import (
-    EventTooLarge,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    Unavailable,
-)
+from schemas.errors import ResourceExhausted, Unavailable
 from schemas.serde import RequestDecoder, UndecodableMessage
 from store.errors import is_outage
+from streams.backoff import Backoff
 from streams.convert import struct_to_dict
+from streams.jobs import Jobs
 from streams.ownership import install_ownership
+from streams.requests_dlq import DLQ_REASON_HEADER
 
 if TYPE_CHECKING:
     import faust
@@ -53,8 +53,6 @@ if TYPE_CHECKING:
     from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
-
-DLQ_REASON_HEADER = "x-wfjobs-dlq-reason"
 
 
 def _worth_waiting_out(exc: BaseException) -> bool:
@@ -85,8 +83,9 @@ class RequestHandler:
         decoder: RequestDecoder,
         dead_letter: DeadLetter,
         topic: str,
+        jobs: Jobs | None = None,
     ) -> None:
-        self._runtime = runtime
+        self._jobs = jobs if jobs is not None else Jobs(runtime)
         self._decoder = decoder
         self._dead_letter = dead_letter
         self._topic = topic
@@ -109,53 +108,18 @@ class RequestHandler:
         return Outcome("dead_lettered", reason=reason)
 
     async def _submit(self, request: WorkflowRunRequest) -> Outcome:
-        runs = self._runtime.require_runs()
-        definitions = self._runtime.require_definitions()
-        job_id = uuid.UUID(request.job_id)
-        name = request.workflow_name
-        input_ = struct_to_dict(request.input)
-        try:
-            stored = await definitions.get(name)
-        except NotFound:
-            return await self._failed(
-                job_id, name, input_, f"unknown workflow {name!r}: no stored definition"
-            )
-        except InvalidArgument as exc:
-            return await self._failed(job_id, name, input_, exc.message)
-        try:
-            compiled = self._runtime.compile(stored.definition)
-            normalized = compiled.validate_input(input_)
-        except InvalidArgument as exc:
-            # A known workflow that cannot take this request: the producer's
-            # mistake or a broken stored definition, recorded where it is seen.
-            return await self._failed(job_id, name, input_, exc.message)
         # A full backlog raises ResourceExhausted, which the caller waits out
         # like an outage: the request stays on the topic until there is room.
-        if await self._runtime.admit(job_id) is not None:
-            return Outcome("existing", job_id)
-        try:
-            result = await runs.submit(
-                job_id=job_id,
-                workflow_name=name,
-                definition=stored.definition,
-                definition_hash=compiled.definition_hash,
-                input=normalized,
-            )
-        except EventTooLarge as exc:
-            # An input past the event size limit is refused the same way every time.
-            return await self._failed(job_id, name, input_, exc.message)
-        if result.created:
-            self._runtime.admission.admitted()
-        return Outcome("submitted" if result.created else "existing", job_id)
-
-    async def _failed(
-        self, job_id: uuid.UUID, name: str, input_: dict[str, Any], reason: str
-    ) -> Outcome:
-        log.warning("request for job %s recorded as FAILED: %s", job_id, reason)
-        result = await self._runtime.require_runs().submit_failed(
-            job_id=job_id, workflow_name=name, input=input_, error=reason
+        submitted = await self._jobs.submit(
+            job_id=uuid.UUID(request.job_id),
+            input=struct_to_dict(request.input),
+            workflow_name=request.workflow_name,
+            record_refusals=True,
         )
-        return Outcome("failed" if result.created else "existing", job_id, reason)
+        kind: OutcomeKind = "failed" if submitted.refused else "submitted"
+        if not submitted.created:
+            kind = "existing"
+        return Outcome(kind, submitted.job.job_id, submitted.refused)
 
 
 async def handle_until_done(
@@ -173,7 +137,7 @@ async def handle_until_done(
     it is retried too (it may be a passing one), and after ``max_defects`` of
     them the message is dead-lettered with the error as its reason.
     """
-    failures = 0
+    backoff = Backoff(base_s, max(base_s, cap_s))
     defects = 0
     last_defect = ""
     while True:
@@ -186,8 +150,8 @@ async def handle_until_done(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            failures += 1
-            pause = min(cap_s, base_s * 2 ** min(failures - 1, 16))
+            pause = backoff.next()
+            failures = backoff.failures
             if _worth_waiting_out(exc):
                 log.warning(
                     "request not handled (%s: %s); retrying in %.1fs (failure %d)",
@@ -202,7 +166,7 @@ async def handle_until_done(
                 log.exception(
                     "request not handled; retrying in %.1fs (failure %d)", pause, failures
                 )
-        await asyncio.sleep(pause * random.uniform(0.8, 1.2))
+        await asyncio.sleep(pause)
 
 
 def register_request_agent(app: faust.App, runtime: Runtime) -> None:
@@ -260,14 +224,13 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
             log.debug("request at offset %s: %s", event.message.offset, outcome.kind)
             await manual.ack(event)
 
-    app.agent(requests, name="workflow-run-requests")(consume)
+    app.agent(requests, name=defaults.REQUESTS_TOPIC)(consume)
     # Every partition of the topic must have an owner in the group, or no
     # request on it is ever submitted (see streams.ownership).
     install_ownership(app, runtime, settings.requests_topic)
 
 
 __all__ = [
-    "DLQ_REASON_HEADER",
     "Outcome",
     "RequestHandler",
     "handle_until_done",

@@ -39,10 +39,12 @@ from confluent_kafka import (
 
 from schemas.errors import InvalidArgument, NotFound, Unavailable
 from schemas.serde import RequestDecoder
-from streams.request_agent import DLQ_REASON_HEADER
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# Why the request agent dead-lettered a message, on the dead letter itself.
+DLQ_REASON_HEADER = "x-wfjobs-dlq-reason"
 
 REDRIVEN_FROM_HEADER = "x-wfjobs-redriven-from"
 DEFAULT_LIST_MAX = 100
@@ -398,6 +400,7 @@ def _describe(exc: KafkaException) -> str:
 
 __all__ = [
     "DEFAULT_LIST_MAX",
+    "DLQ_REASON_HEADER",
     "MAX_LIST_MAX",
     "REDRIVEN_FROM_HEADER",
     "DeadLetterListing",

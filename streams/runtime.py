@@ -5,8 +5,11 @@ connection pool (applying migrations first only when ``WFJOBS_AUTO_MIGRATE``
 is on), builds the stores, and starts whichever loops the process's roles ask
 for: the claim loops, the sweeper and retention for ``worker``, the outbox relay for
 ``relay``, and one LISTEN connection that wakes whichever of them run here.
-Stopping goes in the reverse order, the claim loops first, so a running segment
-can still checkpoint while it finishes.
+Every loop is a mode service and a child of this one: started in ``on_start``
+once the pool is open, stopped in the reverse order (the claim loops first, so
+a running segment can still checkpoint while it finishes), and the pool is
+closed only after the last of them has stopped. A loop that crashes crashes
+the app with it, and the worker process exits non-zero.
 
 A process without ``DATABASE_URL`` still runs: the verbs answer UNAVAILABLE
 and no loop starts.
@@ -24,14 +27,16 @@ from uuid import UUID
 import mode
 
 from schemas.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from schemas.verdicts import StepVerdict
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
 from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, create_pool
+from store.records import Job, StepVerifier
 from store.retention import RetentionStore
-from store.runs import Job, RunStore, StepVerdict, StepVerifier
+from store.runs import RunStore
 from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.health import HealthReport, HealthSource, PartHealth, report
@@ -39,9 +44,10 @@ from streams.listener import Listener
 from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
-from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.cache import DefinitionCache
 from workflows.failures import StepFailure
 from workflows.invokers import HandlerRegistry, default_registry, load_handler_modules
+from workflows.steps import CompiledWorkflow
 
 if TYPE_CHECKING:
     from streams.relay import OutboxRelay
@@ -135,7 +141,6 @@ class Runtime(mode.Service):
             channels.append(OUTBOX_CHANNEL)
         if channels:
             self.listener = Listener(settings.database_url, *channels)
-            self.listener.start()
         if "worker" in settings.roles:
             assert self.listener is not None
             self.claims = ClaimLoops(
@@ -149,12 +154,9 @@ class Runtime(mode.Service):
                 heartbeat_s=settings.effective_heartbeat_s,
                 max_per_target=settings.max_concurrent_per_target,
                 wake=self.listener.subscribe(JOBS_QUEUED_CHANNEL),
+                grace_s=settings.shutdown_grace_s,
             )
-            self.claims.start()
             self.sweeper = Sweeper(self.runs, interval_s=settings.sweep_interval_s)
-            self.sweeper.start()
-            # A child service: a pass that fails for any reason but an outage
-            # crashes it, and with it the process.
             self.retention = RetentionLoop(
                 RetentionStore(
                     pool, batch=settings.retention_batch, pause_s=settings.retention_pause_s
@@ -162,7 +164,6 @@ class Runtime(mode.Service):
                 settings.retention_policy(),
                 interval_s=settings.retention_interval_s,
             )
-            await self.add_runtime_dependency(self.retention)
         if "relay" in settings.roles:
             # Imported here: the relay pulls in the producer client only where it runs.
             from streams.relay import build_relay
@@ -171,7 +172,18 @@ class Runtime(mode.Service):
             self.relay = build_relay(
                 settings, self.outbox, wake=self.listener.subscribe(OUTBOX_CHANNEL)
             )
-            self.relay.start()
+        # Children stop in the reverse of this order: the claim loops first,
+        # the LISTEN connection last. The pool outlives them all (on_shutdown).
+        loops: tuple[mode.Service | None, ...] = (
+            self.listener,
+            self.relay,
+            self.retention,
+            self.sweeper,
+            self.claims,
+        )
+        for loop in loops:
+            if loop is not None:
+                await self.add_runtime_dependency(loop)
         self._ready.set()
         log.info(
             "runtime started: worker %s, roles %s",
@@ -179,18 +191,9 @@ class Runtime(mode.Service):
             ", ".join(sorted(settings.roles)),
         )
 
-    async def on_stop(self) -> None:
-        # Claim loops first: their segments may still checkpoint through the pool.
-        if self.claims is not None:
-            await self.claims.stop(grace_s=self.settings.shutdown_grace_s)
-        if self.sweeper is not None:
-            await self.sweeper.stop()
-        if self.retention is not None:
-            await self.retention.stop()
-        if self.relay is not None:
-            await self.relay.stop()
-        if self.listener is not None:
-            await self.listener.stop()
+    async def on_shutdown(self) -> None:
+        # Runs after every child loop has stopped: a segment finishing in its
+        # grace, a hand-back and the relay's last pass all still had the pool.
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await self.pool.close()
@@ -304,7 +307,7 @@ class Runtime(mode.Service):
                     "checked; send it again"
                 )
             try:
-                verdict = workflow.accept_external(
+                return workflow.accept_external(
                     step_name,
                     response,
                     input=input if step.reads_scope else None,
@@ -313,12 +316,7 @@ class Runtime(mode.Service):
             except StepFailure as failure:
                 # A validate rule that cannot be evaluated is a defect of the
                 # definition: the job fails loudly rather than waiting forever.
-                return StepVerdict(accepted=False, response=response, violations=str(failure))
-            if verdict.accepted and verdict.entry is not None:
-                return StepVerdict(accepted=True, response=dict(verdict.entry["response"]))
-            return StepVerdict(
-                accepted=False, response=response, violations="; ".join(verdict.violations)
-            )
+                return StepVerdict(step_name, False, response, (str(failure),))
 
         return verify
 

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
+from store import pool
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ class Settings:
     # Where things are.
     database_url: str = field(default="", metadata={"env": "DATABASE_URL"})
     kafka_bootstrap_servers: str = field(
-        default="127.0.0.1:9092", metadata={"env": "KAFKA_BOOTSTRAP_SERVERS"}
+        default=defaults.KAFKA_BOOTSTRAP_SERVERS, metadata={"env": "KAFKA_BOOTSTRAP_SERVERS"}
     )
     schema_registry_url: str = field(default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_URL"})
     event_format: str = field(default="protobuf", metadata={"env": "WFJOBS_EVENT_FORMAT"})
@@ -45,10 +47,10 @@ class Settings:
 
     # Topics.
     requests_topic: str = field(
-        default="workflow-run-requests", metadata={"env": "WFJOBS_REQUESTS_TOPIC"}
+        default=defaults.REQUESTS_TOPIC, metadata={"env": "WFJOBS_REQUESTS_TOPIC"}
     )
     events_topic: str = field(
-        default="workflow-run-events", metadata={"env": "WFJOBS_EVENTS_TOPIC"}
+        default=defaults.EVENTS_TOPIC, metadata={"env": "WFJOBS_EVENTS_TOPIC"}
     )
     # Create the requests, dead-letter and events topics when missing (dev
     # brokers; production provisions its topics).
@@ -127,13 +129,15 @@ class Settings:
     retention_pause_s: float = field(default=0.1, metadata={"env": "WFJOBS_RETENTION_PAUSE_S"})
 
     # Store and web.
-    pool_min_size: int = field(default=2, metadata={"env": "WFJOBS_POOL_MIN"})
-    pool_max_size: int = field(default=10, metadata={"env": "WFJOBS_POOL_MAX"})
+    pool_min_size: int = field(default=pool.DEFAULT_MIN_SIZE, metadata={"env": "WFJOBS_POOL_MIN"})
+    pool_max_size: int = field(default=pool.DEFAULT_MAX_SIZE, metadata={"env": "WFJOBS_POOL_MAX"})
     # How long a caller waits for a pooled connection before the store counts
     # as unavailable (a 503 for the verbs, a retry for the loops).
-    pool_timeout_s: float = field(default=10.0, metadata={"env": "WFJOBS_POOL_TIMEOUT_S"})
-    web_host: str = field(default="127.0.0.1", metadata={"env": "WFJOBS_WEB_HOST"})
-    web_port: int = field(default=6066, metadata={"env": "WFJOBS_WEB_PORT"})
+    pool_timeout_s: float = field(
+        default=pool.DEFAULT_TIMEOUT_S, metadata={"env": "WFJOBS_POOL_TIMEOUT_S"}
+    )
+    web_host: str = field(default=defaults.WEB_HOST, metadata={"env": "WFJOBS_WEB_HOST"})
+    web_port: int = field(default=defaults.WEB_PORT, metadata={"env": "WFJOBS_WEB_PORT"})
     max_body_bytes: int = field(default=1_048_576, metadata={"env": "WFJOBS_MAX_BODY_BYTES"})
     # Largest encoded event (and job input) a commit point may write; larger
     # ones are refused before they are committed (see store.runs).
@@ -157,7 +161,7 @@ class Settings:
     @property
     def dlq_topic(self) -> str:
         """Where undecodable requests go: explicit, else ``<requests_topic>.dlq``."""
-        return self.requests_dlq_topic or f"{self.requests_topic}.dlq"
+        return self.requests_dlq_topic or defaults.dlq_topic_for(self.requests_topic)
 
     @property
     def broker_url(self) -> str:

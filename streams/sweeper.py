@@ -6,25 +6,31 @@ stalled: renewed, but without progress for longer than the workflow's deadline
 plus the lease (a worker alive but stuck). Several sweeping at once is safe:
 the store's sweep locks the rows it settles with ``SKIP LOCKED`` in one
 transaction, so each such job is requeued (or settled DEAD) exactly once.
+
+A sweep that fails because the store is away is retried on the next tick;
+any other failure is a defect and crashes the service, and with it the process.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
-from store.runs import RunStore, SweepResult
+import mode
+
+from store.errors import is_outage
+from store.records import SweepResult
+from store.runs import RunStore
 from streams.health import PartHealth
 
 log = logging.getLogger(__name__)
 
 
-class Sweeper:
+class Sweeper(mode.Service):
     def __init__(
         self,
         runs: RunStore,
@@ -32,16 +38,17 @@ class Sweeper:
         interval_s: float,
         failure_bound_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
     ) -> None:
         """``failure_bound_s``: how long sweeps may fail in a row before ``health()``
         says the sweeper is stuck (at least three intervals)."""
         if interval_s <= 0 or failure_bound_s <= 0:
             raise ValueError("interval_s and failure_bound_s must be positive")
+        super().__init__(**kwargs)
         self._runs = runs
         self._interval_s = interval_s
         self._failure_bound_s = max(failure_bound_s, 3 * interval_s)
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
         self.sweeps = 0
         self.requeued = 0
         self.dead = 0
@@ -51,17 +58,6 @@ class Sweeper:
         self._failures = 0
         self._failing_since: float | None = None
         self._last_error = ""
-
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="lease-sweeper")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def sweep_once(self) -> SweepResult:
         try:
@@ -114,23 +110,24 @@ class Sweeper:
             )
         else:
             summary = f"{self.sweeps} sweep(s); {self.stalled} stalled segment(s) requeued"
-        running = self._task is not None and not self._task.done()
+        running = self.started and not self.should_stop
         return PartHealth(
             "sweeper", healthy=not stuck, ready=running, summary=summary, detail=detail
         )
 
+    @mode.Service.task
     async def _run(self) -> None:
         # A random first delay keeps a fleet started together from sweeping in step.
-        await asyncio.sleep(random.uniform(0, self._interval_s))
-        while True:
+        await self.sleep(random.uniform(0, self._interval_s))
+        while not self.should_stop:
             try:
                 await self.sweep_once()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
+                if not is_outage(exc):
+                    raise
                 # The next tick tries again; a store outage must not end the loop.
                 log.warning("sweeper: sweep failed: %s: %s", type(exc).__name__, exc)
-            await asyncio.sleep(self._interval_s)
+            await self.sleep(self._interval_s)
 
 
 __all__ = ["Sweeper"]

@@ -42,30 +42,26 @@ a message naming the job's current status.
 Every error is ``{"code": ..., "message": ...}`` (``ErrorBody``), with the HTTP
 status taken from ``HTTP_STATUS`` and nowhere else.
 
-The ``Api`` class holds the verbs and knows nothing of the web framework, so the
-Faust views are thin adapters and each verb can be exercised directly.
+``HttpVerbs`` translates: a body or query into the arguments of a verb of
+``streams.jobs.Jobs`` (which owns what the verb means, for every way in), and
+its result or error into a reply. It knows nothing of the web framework, so the
+Faust views only read the request and send the reply.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import psycopg
-import psycopg_pool
 from aiohttp import web as aiohttp_web
 from faust.web import Request, Response, View
 from google.protobuf.message import Message
 
 from schemas.contract import api_pb2, check_incoming, from_json, parse_job_id, to_json
 from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
-from store.definitions import validate_workflow_name
-from store.runs import CompleteStepResult
-from store.states import Status
 from streams.convert import (
     job_message,
     job_summary_message,
@@ -74,11 +70,12 @@ from streams.convert import (
     struct_to_dict,
 )
 from streams.health import HealthReport
+from streams.jobs import Jobs
 
 if TYPE_CHECKING:
     import faust
 
-    from streams.requests_dlq import Position, RequestsDeadLetters
+    from streams.requests_dlq import Position
     from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -108,12 +105,6 @@ _FRAMEWORK_CODES: Mapping[int, str] = {
 }
 
 
-class WrongState(WorkflowJobsError):
-    """complete-step on a job that is not WAITING on that step."""
-
-    code = "WRONG_STATE"
-
-
 @dataclass(frozen=True, slots=True)
 class Reply:
     status: int
@@ -130,10 +121,6 @@ async def answer(call: Callable[[], Awaitable[Reply]]) -> Reply:
         return await call()
     except WorkflowJobsError as exc:
         return error_reply(exc.code, exc.message)
-    except (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout) as exc:
-        # Connection trouble, not a bad request: the caller may retry as is.
-        log.warning("store unreachable while serving a request: %s", exc)
-        return error_reply("UNAVAILABLE", f"the store is unreachable: {exc}")
     except Exception as exc:
         log.exception("internal error while serving a request")
         return error_reply("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
@@ -192,12 +179,12 @@ def _parse(body: bytes, message: Message, what: str) -> Message:
     return message
 
 
-class Api:
-    """The verbs, against the process's runtime (which may have no store)."""
+class HttpVerbs:
+    """The verbs over HTTP: bodies and queries in, replies out; ``Jobs`` does the work."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, jobs: Jobs | None = None) -> None:
         self._runtime = runtime
-        self._requests_dlq: RequestsDeadLetters | None = None
+        self.jobs = jobs if jobs is not None else Jobs(runtime)
 
     @property
     def max_body_bytes(self) -> int:
@@ -210,65 +197,32 @@ class Api:
             api_pb2.SubmitWorkflowRequest,
             _parse(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
         )
-        runs = self._runtime.require_runs()
-        job_id = parse_job_id(request.job_id) if request.job_id else uuid.uuid4()
-        input_ = struct_to_dict(request.input)
-        if request.HasField("workflow"):
-            envelope = struct_to_dict(request.workflow)
-        else:
-            stored = await self._runtime.require_definitions().get(request.workflow_name)
-            envelope = stored.definition
-        compiled = self._runtime.compile(envelope)
-        normalized = compiled.validate_input(input_)
-        existing = await self._runtime.admit(job_id if request.job_id else None)
-        if existing is not None:
-            response = api_pb2.SubmitWorkflowResponse(job=job_message(existing), created=False)
-            return Reply(200, message_json(response))
-        result = await runs.submit(
-            job_id=job_id,
-            workflow_name=compiled.name,
-            definition=envelope,
-            definition_hash=compiled.definition_hash,
-            input=normalized,
+        submitted = await self.jobs.submit(
+            job_id=parse_job_id(request.job_id) if request.job_id else None,
+            input=struct_to_dict(request.input),
+            workflow=struct_to_dict(request.workflow) if request.HasField("workflow") else None,
+            workflow_name=request.workflow_name,
             max_attempts=request.max_attempts or None,
         )
-        if result.created:
-            self._runtime.admission.admitted()
         response = api_pb2.SubmitWorkflowResponse(
-            job=job_message(result.job), created=result.created
+            job=job_message(submitted.job), created=submitted.created
         )
-        return Reply(201 if result.created else 200, message_json(response))
+        return Reply(201 if submitted.created else 200, message_json(response))
 
     async def get_job(self, job_id: str) -> Reply:
         request = api_pb2.GetJobRequest(job_id=job_id)
-        parse_job_id(job_id)
+        parsed = parse_job_id(job_id)
         check_incoming(request)
-        job = await self._runtime.require_runs().get(job_id)
+        job = await self.jobs.get_job(parsed)
         return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job))))
 
     async def list_jobs(self, query: Mapping[str, str]) -> Reply:
-        unknown = sorted(set(query) - set(LIST_JOBS_PARAMETERS))
-        if unknown:
-            raise InvalidArgument(
-                f"unknown query parameter(s) {', '.join(unknown)}; "
-                f"list-jobs takes {', '.join(LIST_JOBS_PARAMETERS)}"
-            )
-        status = query.get("status", "").strip()
-        workflow_name = query.get("workflow_name", "").strip()
-        if workflow_name:
-            validate_workflow_name(workflow_name)
-        raw_limit = query.get("limit", "").strip() or "0"
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise InvalidArgument(f"limit must be an integer, got {raw_limit!r}") from None
-        if limit < 0:
-            raise InvalidArgument(f"limit must not be negative, got {limit}")
-        page = await self._runtime.require_runs().list(
-            status=status or None,
-            workflow_name=workflow_name or None,
-            limit=limit,
-            page_token=query.get("page_token") or None,
+        _only_parameters(query, LIST_JOBS_PARAMETERS, "list-jobs")
+        page = await self.jobs.list_jobs(
+            status=query.get("status", "").strip(),
+            workflow_name=query.get("workflow_name", "").strip(),
+            limit=_int_parameter(query, "limit", 0),
+            page_token=query.get("page_token", ""),
         )
         response = api_pb2.ListJobsResponse(
             jobs=[job_summary_message(job) for job in page.jobs],
@@ -284,28 +238,12 @@ class Api:
                 raise InvalidArgument(
                     f"{key} in the body ({given!r}) differs from the one in the path ({value!r})"
                 )
-        parse_job_id(job_id)
+        parsed = parse_job_id(job_id)
         request = cast(api_pb2.CompleteStepRequest, from_json(data, api_pb2.CompleteStepRequest()))
         check_incoming(request)
-        runs = self._runtime.require_runs()
-        # Read first: a NOT_FOUND needs no lock, and a step whose validate
-        # rules read the input or earlier steps is judged against them. Neither
-        # changes while the job is WAITING, which the store checks again under
-        # the row lock before it calls the verifier.
-        job = await runs.get(job_id)
-        parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
-        result: CompleteStepResult = await runs.complete_step(
-            job_id=job_id,
-            step_name=step_name,
-            response=struct_to_dict(request.response),
-            verify=self._runtime.step_verifier(
-                step_name,
-                input=job.input if parked_here else None,
-                checkpoints=job.checkpoints if parked_here else (),
-            ),
+        result = await self.jobs.complete_step(
+            job_id=parsed, step_name=step_name, response=struct_to_dict(request.response)
         )
-        if result.outcome == "WRONG_STATE":
-            raise WrongState(result.message)
         response = api_pb2.CompleteStepResponse(
             outcome=result.outcome,
             job=job_message(result.job),
@@ -316,26 +254,16 @@ class Api:
     # ------------------------------------------------------------------ stored workflows
 
     async def put_workflow(self, name: str, body: bytes) -> Reply:
-        validate_workflow_name(name)
         request = cast(
             api_pb2.PutWorkflowRequest,
             _parse(body, api_pb2.PutWorkflowRequest(), "put-workflow"),
         )
-        envelope = struct_to_dict(request.workflow)
-        if envelope.get("name") != name:
-            raise InvalidArgument(
-                f"the definition is named {envelope.get('name')!r} but the path names {name!r}"
-            )
-        definitions = self._runtime.require_definitions()
-        # A definition that does not compile would only fail later, at every submit.
-        self._runtime.compile(envelope)
-        stored = await definitions.put(name, envelope)
+        stored = await self.jobs.put_workflow(name, struct_to_dict(request.workflow))
         response = api_pb2.PutWorkflowResponse(workflow=stored_workflow_message(stored))
         return Reply(200, message_json(response))
 
     async def get_workflow(self, name: str) -> Reply:
-        validate_workflow_name(name)
-        stored = await self._runtime.require_definitions().get(name)
+        stored = await self.jobs.get_workflow(name)
         response = api_pb2.GetWorkflowResponse(workflow=stored_workflow_message(stored))
         return Reply(200, message_json(response))
 
@@ -344,7 +272,7 @@ class Api:
             raise InvalidArgument(
                 f"list-workflows takes no query parameters, got {', '.join(sorted(query))}"
             )
-        stored = await self._runtime.require_definitions().list()
+        stored = await self.jobs.list_workflows()
         response = api_pb2.ListWorkflowsResponse(
             workflows=[stored_workflow_message(item) for item in stored]
         )
@@ -359,7 +287,7 @@ class Api:
         if status != "FAILED":
             raise InvalidArgument(f"status must be FAILED (the only one listed), got {status!r}")
         job_id = query.get("job_id", "").strip()
-        page = await self._runtime.require_dead_letters().list_failed(
+        page = await self.jobs.failed_events(
             job_id=parse_job_id(job_id) if job_id else None,
             limit=_int_parameter(query, "limit", 0),
             page_token=query.get("page_token", "").strip(),
@@ -381,7 +309,6 @@ class Api:
         """FAILED outbox rows back to PENDING: by id, one job's, or all."""
         data = _json_object(body, "the outbox redrive")
         selector = _one_selector(data, ("ids", "job_id", "all"), "the outbox redrive")
-        dead_letters = self._runtime.require_dead_letters()
         if selector == "ids":
             ids = data["ids"]
             if (
@@ -392,35 +319,26 @@ class Api:
                 raise InvalidArgument(
                     f"ids must be a non-empty list of outbox row ids, got {ids!r}"
                 )
-            redriven = await dead_letters.redrive_ids(ids)
+            redriven = await self.jobs.redrive_events(ids=ids)
         elif selector == "job_id":
             if not isinstance(data["job_id"], str):
                 raise InvalidArgument(f"job_id must be a UUID, got {data['job_id']!r}")
-            redriven = await dead_letters.redrive_job(parse_job_id(data["job_id"]))
+            redriven = await self.jobs.redrive_events(job_id=parse_job_id(data["job_id"]))
         else:
-            redriven = await dead_letters.redrive_all()
+            redriven = await self.jobs.redrive_events()
         body_out = {
             "redriven": [{"id": i, "job_id": str(job)} for i, job in redriven.events],
             "not_failed": list(redriven.not_failed),
         }
         return Reply(200, body_out)
 
-    def requests_dlq(self) -> RequestsDeadLetters:
-        if self._requests_dlq is None:
-            # Imported here: the Kafka clients load only where this is used.
-            from streams.requests_dlq import RequestsDeadLetters
-
-            self._requests_dlq = RequestsDeadLetters.from_settings(self._runtime.settings)
-        return self._requests_dlq
-
     async def list_requests_dlq(self, query: Mapping[str, str]) -> Reply:
         """What the request agent dead-lettered, with the reasons."""
         from streams.requests_dlq import DEFAULT_LIST_MAX
 
         _only_parameters(query, LIST_REQUESTS_DLQ_PARAMETERS, "the dead-letter listing")
-        dlq = self.requests_dlq()
         limit = _int_parameter(query, "max", DEFAULT_LIST_MAX)
-        listing = await dlq.list_messages(max_messages=limit)
+        listing = await self.jobs.dead_lettered_requests(limit)
         return Reply(
             200,
             {
@@ -443,12 +361,11 @@ class Api:
                     f"got {raw!r}"
                 )
             positions = [_position(item) for item in raw]
-        dlq = self.requests_dlq()
-        redriven = await dlq.redrive(positions)
+        redriven = await self.jobs.redrive_requests(positions)
         return Reply(
             200,
             {
-                "topic": dlq.requests_topic,
+                "topic": self.jobs.requests_topic,
                 "redriven": [message.to_json() for message in redriven],
             },
         )
@@ -546,7 +463,7 @@ async def json_errors(
         return aiohttp_web.json_response(body, status=exc.status)
 
 
-def register_views(app: faust.App, api: Api, *, verbs: bool) -> None:
+def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     """Mount ``/healthz`` and, when ``verbs``, the verbs, on the app's web server."""
 
     @app.page("/healthz")
@@ -638,9 +555,8 @@ def register_views(app: faust.App, api: Api, *, verbs: bool) -> None:
 
 __all__ = [
     "HTTP_STATUS",
-    "Api",
+    "HttpVerbs",
     "Reply",
-    "WrongState",
     "answer",
     "error_reply",
     "read_body",

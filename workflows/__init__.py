@@ -8,20 +8,9 @@ Handler authors need :class:`HandlerRegistry`, :class:`StepContext`,
 :class:`RetryableError` and :class:`NonRetryableError`.
 """
 
-from workflows.definition import (
-    DEFAULT_DEADLINE_MS,
-    CompiledCache,
-    CompiledWorkflow,
-    DefinitionCache,
-    DefinitionError,
-    InputError,
-    ResponseError,
-    Step,
-    StepVerdict,
-    compile_definition,
-    default_cache,
-    definition_hash,
-)
+from workflows.cache import DefinitionCache, default_cache
+from workflows.compiler import compile_definition
+from workflows.envelope import DEFAULT_DEADLINE_MS, DefinitionError, definition_hash
 from workflows.failures import (
     FailureKind,
     NonRetryableError,
@@ -48,11 +37,11 @@ from workflows.runner import (
     run_segment,
     run_workflow,
 )
+from workflows.steps import CompiledWorkflow, InputError, ResponseError, Step
 
 __all__ = [
     "DEFAULT_DEADLINE_MS",
     "CheckpointObserver",
-    "CompiledCache",
     "CompiledWorkflow",
     "Completed",
     "DefinitionCache",
@@ -70,7 +59,6 @@ __all__ = [
     "Step",
     "StepContext",
     "StepFailure",
-    "StepVerdict",
     "SynchronousRunRefused",
     "classify",
     "compile_definition",

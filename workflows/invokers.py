@@ -37,9 +37,9 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from workflows.definition import Step
 from workflows.failures import FailureKind, StepFailure
 from workflows.protojson import MessageError
+from workflows.steps import Step
 
 Handler = Callable[[Message, "StepContext"], Awaitable[Message | Mapping[str, Any]]]
 H = TypeVar("H", bound=Handler)

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import FailedPrecondition
-from workflows.definition import CompiledWorkflow, DefinitionCache, default_cache
+from workflows.cache import DefinitionCache, default_cache
 from workflows.failures import FailureKind, SegmentDeadlineExceeded, StepFailure, classify
 from workflows.invokers import GrpcChannels, HandlerRegistry, StepContext, default_channels, invoke
+from workflows.steps import CompiledWorkflow
 
 CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
 

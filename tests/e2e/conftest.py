@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from store.migrate import migrate
 from store.pool import open_pool
 from tests.e2e.harness import Stack
 
@@ -22,8 +21,7 @@ async def stack(
     new_topic: Callable[..., str],
     tmp_path: Path,
 ) -> AsyncIterator[Stack]:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     topics = {
         "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
         "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),

@@ -21,13 +21,14 @@ from typing import Any, TypeVar
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from devstack.services import ServiceError, free_port
+from devstack.stack import WorkerProcess, worker_environment
 from schemas.contract import EventType, WorkflowRunEvent, WorkflowRunRequest
 from schemas.serde import EventDecoder, encode_request, open_registry
 from store.outbox import Outbox
 from store.pool import Pool
-from store.runs import Job, RunStore
-from streams.devstack import WorkerProcess, worker_environment
-from streams.services import ServiceError, free_port
+from store.records import Job
+from store.runs import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANDLERS_MODULE = "tests.e2e.handlers"

@@ -25,18 +25,18 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import KafkaError
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 # The same class confluent_kafka.admin re-exports, from the module its stubs type.
 from confluent_kafka.cimpl import NewTopic
 
+from devstack.services import ApacheKafkaService
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
-from store.migrate import migrate
 from store.pool import open_pool
-from streams.ownership import GroupOwnership, read_ownership
-from streams.services import ApacheKafkaService
+from streams.ownership import GroupOwnership, OwnershipReader
 from tests.e2e.harness import Stack, wait_until
 from tests.workflows_fixtures import envelope
 
@@ -60,8 +60,7 @@ async def _stack(
     *,
     requests: str | None = None,
 ) -> Stack:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     topics = {
         "requests": requests or new_topic(bootstrap, 3, prefix="e2e-requests"),
         "dlq": new_topic(bootstrap, 1, prefix="e2e-requests-dlq"),
@@ -81,17 +80,22 @@ async def stacks() -> AsyncIterator[list[Stack]]:
 
 
 async def ownership(stack: Stack) -> GroupOwnership:
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    return await asyncio.to_thread(read_ownership, admin, stack.group, stack.requests_topic)
+    async with OwnershipReader(stack.bootstrap, stack.group, stack.requests_topic) as reader:
+        return await reader.read()
 
 
 async def wait_ownership(
     stack: Stack, check: Callable[[GroupOwnership], bool], *, timeout_s: float
 ) -> GroupOwnership:
-    last: list[GroupOwnership] = []
+    last: list[object] = []
 
     async def seen() -> GroupOwnership | None:
-        found = await ownership(stack)
+        try:
+            found = await ownership(stack)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            # A broker just back may not serve the group yet.
+            last[:] = [exc]
+            return None
         last[:] = [found]
         return found if check(found) else None
 

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
-from streams.request_agent import DLQ_REASON_HEADER
+from streams.requests_dlq import DLQ_REASON_HEADER
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import Stack, dedupe, read_dlq, type_name, wait_until
 from tests.workflows_fixtures import envelope

@@ -24,14 +24,13 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
+from devstack.services import ApacheKafkaService, free_port
+from devstack.stack import WorkerProcess, ensure_topics, worker_environment
 from schemas.contract import WorkflowRunRequest
 from schemas.errors import NotFound
 from schemas.serde import encode_request
-from store.migrate import migrate
 from store.pool import Pool, open_pool
 from store.runs import RunStore
-from streams.devstack import WorkerProcess, ensure_topics, worker_environment
-from streams.services import ApacheKafkaService, free_port
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import (
     FAST_SETTINGS,
@@ -196,8 +195,7 @@ class LiveWorker(WorkerProcess):
 
 @pytest.fixture
 async def database(make_database: Callable[[], str]) -> AsyncIterator[tuple[str, Pool]]:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     pool = await open_pool(dsn, min_size=1, max_size=2)
     try:
         yield dsn, pool

@@ -25,12 +25,12 @@ import httpx
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from devstack.services import ApacheKafkaService, PostgresService
+from devstack.stack import WorkerProcess
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
 from store.migrate import migrate
 from store.pool import Pool, open_pool
-from streams.devstack import WorkerProcess
-from streams.services import ApacheKafkaService, PostgresService
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import Stack, dedupe, type_name, wait_until
 from tests.workflows_fixtures import envelope

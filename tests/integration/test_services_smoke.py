@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from streams.services import ApacheKafkaService, PostgresService, ServiceError, free_port
+from devstack.services import ApacheKafkaService, PostgresService, ServiceError, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_kafka_broker_that_dies_at_startup_says_why() -> None:
 
 def test_cli_runs_a_service_until_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streams.services", "tansu"],
+        [sys.executable, "-m", "devstack.services", "tansu"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -190,5 +190,5 @@ def test_cli_runs_a_service_until_sigterm() -> None:
 
 
 def test_services_module_does_not_import_faust() -> None:
-    code = "import sys, streams.services; sys.exit('faust' in sys.modules)"
+    code = "import sys, devstack.services; sys.exit('faust' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0

@@ -24,6 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from google.protobuf import descriptor_pb2
 
+from devstack.services import SchemaRegistryService
 from schemas.consumer import consumer_file
 from schemas.contract import (
     EventType,
@@ -36,7 +37,6 @@ from schemas.contract import (
 )
 from schemas.generate import CONSUMER_ROOT
 from schemas.serde import COMPATIBILITY, encode_request, event_serializer
-from streams.services import SchemaRegistryService
 from streams.settings import Settings
 
 pytestmark = pytest.mark.kafka

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from cli.main import main as cli_main
 from schemas.contract import EventType, build_event, encode_event, with_event_id
 from schemas.serde import RequestDecoder, event_serializer, open_registry
-from streams import cli
 
 # The broker fixtures mark their tests (tests/conftest.py): some read from Tansu.
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    code = cli.main(list(argv))
+    code = cli_main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -1,6 +1,6 @@
 """The ``make dev`` path: embedded Postgres + Tansu + a real worker process.
 
-The stack is the one ``wfjobs dev`` starts (:class:`streams.devstack.DevStack`),
+The stack is the one ``wfjobs dev`` starts (:class:`devstack.stack.DevStack`),
 and the job is driven by the README's own walk-through: every ``$ wfjobs ...``
 line of "Five minutes with the sample workflow" is read from the README and run
 as written, in order, with the job id the submit printed in place of
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from streams import cli
-from streams.devstack import DevStack, next_steps
-from streams.services import TansuService, free_port
+from cli.main import main as cli_main
+from devstack.services import TansuService, free_port
+from devstack.stack import DevStack, next_steps
 from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
 
 pytestmark = [pytest.mark.tansu, pytest.mark.e2e]
@@ -80,7 +80,7 @@ def dev_folder() -> Iterator[Path]:
 def wfjobs(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     """Run one command in-process, as typed; what it printed to stdout."""
     capsys.readouterr()
-    code = cli.main(argv)
+    code = cli_main(argv)
     captured = capsys.readouterr()
     assert code == 0, f"wfjobs {shlex.join(argv)} exited {code}: {captured.err}"
     return captured.out
@@ -89,7 +89,7 @@ def wfjobs(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 def job(capsys: pytest.CaptureFixture[str], job_id: str) -> dict[str, Any]:
     """The job as get-job answers it; empty while it does not exist yet."""
     capsys.readouterr()
-    code = cli.main(["--json", "get", job_id])
+    code = cli_main(["--json", "get", job_id])
     captured = capsys.readouterr()
     if code != 0:
         assert "NOT_FOUND" in captured.err, captured.err

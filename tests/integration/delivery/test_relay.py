@@ -25,16 +25,16 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from devstack.services import free_port
 from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
-from store import Outbox, RunStore, migrate, open_pool
+from store import Outbox, RunStore, open_pool
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.outbox import Backlog, PublishFailure, RelayResult
 from store.pool import Pool
-from store.runs import Lease
+from store.records import Lease
 from streams.listener import Listener
 from streams.relay import OutboxRelay, Publish, producer_config
-from streams.services import free_port
 
 pytestmark = pytest.mark.kafka
 
@@ -51,8 +51,7 @@ class Store:
 
 @pytest.fixture
 async def store(make_database: Callable[[], str]) -> AsyncIterator[Store]:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     pool = await open_pool(dsn, min_size=1, max_size=8)
     try:
         yield Store(dsn, pool, RunStore(pool), Outbox(pool))
@@ -406,7 +405,7 @@ async def test_two_relays_keep_each_jobs_commit_order(
         for n in range(2)
     ]
     for relay in relays:
-        relay.start()
+        await relay.start()
     # Events are written while both relays drain, commit point by commit point
     # across all jobs, so each job's events land in many different batches and
     # the two relays keep meeting the same jobs.
@@ -481,7 +480,7 @@ async def test_stop_finishes_the_pass_in_flight_and_flushes(
         serializer=event_serializer(registry=None, topic=topic),
         interval_s=60.0,
     )
-    relay.start()
+    await relay.start()
     await asyncio.wait_for(slow.in_flight.wait(), timeout=30)
     await relay.stop()
 
@@ -500,7 +499,7 @@ async def test_notify_wakes_an_idle_relay(
     topic = new_topic(kafka_bootstrap)
     # The process's shared LISTEN connection, as the runtime wires it.
     listener = Listener(store.dsn, JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL)
-    listener.start()
+    await listener.start()
     relay = make_relay(
         store,
         kafka_bootstrap,
@@ -509,7 +508,7 @@ async def test_notify_wakes_an_idle_relay(
         interval_s=60.0,
         wake=listener.subscribe(OUTBOX_CHANNEL),
     )
-    relay.start()
+    await relay.start()
     try:
         # Let the first (empty) pass run and the relay go idle for a minute.
         await asyncio.sleep(1.0)

@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from devstack.services import ApacheKafkaService
 from schemas.serde import EventDecoder, event_serializer
-from store import Outbox, RunStore, migrate, open_pool
+from store import Outbox, RunStore, open_pool
 from streams.relay import OutboxRelay, producer_config
-from streams.services import ApacheKafkaService
 from tests.integration.delivery.test_relay import (
     Store,
     checkpoint,
@@ -65,8 +65,7 @@ def _topic(bootstrap: str, partitions: int = 3) -> str:
 
 @pytest.fixture
 async def store(make_database: Callable[[], str]) -> AsyncIterator[Store]:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     pool = await open_pool(dsn, min_size=1, max_size=8)
     try:
         yield Store(dsn, pool, RunStore(pool), Outbox(pool, lease_s=30.0))
@@ -105,7 +104,7 @@ async def test_a_broker_outage_longer_than_ten_message_timeouts_fails_no_event(
     )
     jobs = [await submit(store) for _ in range(6)]
     leases = await claim_all(store, jobs)
-    relay.start()
+    await relay.start()
     try:
         await _until("the first events went out", _drained(store), 60)
 
@@ -164,8 +163,7 @@ def _drained(store: Store) -> Callable[[], Awaitable[bool]]:
 async def test_healthz_says_stuck_while_the_relay_cannot_publish_and_ok_once_it_can(
     make_database: Callable[[], str], own_broker: ApacheKafkaService
 ) -> None:
-    dsn = make_database()
-    await migrate(dsn)
+    dsn = make_database(migrated=True)
     bootstrap = own_broker.bootstrap_servers
     topic = await asyncio.to_thread(_topic, bootstrap)
     env = {

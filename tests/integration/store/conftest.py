@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from store.definitions import DefinitionStore
-from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, open_pool
 from store.runs import RunStore
@@ -15,8 +14,7 @@ from store.runs import RunStore
 
 @pytest.fixture
 async def dsn(make_database: Callable[[], str]) -> str:
-    url = make_database()
-    await migrate(url)
+    url = make_database(migrated=True)
     return url
 
 

@@ -6,7 +6,9 @@ import asyncio
 import uuid
 from typing import Any
 
-from store.runs import RunStore, SubmitResult
+from store.pool import Pool
+from store.records import SubmitResult
+from store.runs import RunStore
 
 DEFINITION: dict[str, Any] = {
     "name": "embed-text",
@@ -47,3 +49,21 @@ async def submit_many(store: RunStore, count: int, *, name: str = "embed-text") 
 
 def entry(name: str, **response: Any) -> dict[str, Any]:
     return {"name": name, "skipped": False, "response": dict(response)}
+
+
+# Shifts a row's database-clock deadlines; stall_at is left alone, so an aged
+# lease reads as expired rather than as a stalled segment.
+AGE_ROW_SQL = """
+UPDATE workflow_run
+   SET lease_until = lease_until - %(seconds)s * interval '1 second',
+       run_after = run_after - %(seconds)s * interval '1 second'
+ WHERE job_id = %(job_id)s
+"""
+
+
+async def age_rows(pool: Pool, seconds: float, *job_ids: uuid.UUID) -> None:
+    """Time passing for these jobs, without the wait: their lease and backoff
+    deadlines move ``seconds`` into the past, judged as ever by the database's now()."""
+    async with pool.connection() as conn:
+        for job_id in job_ids:
+            await conn.execute(AGE_ROW_SQL, {"seconds": seconds, "job_id": job_id})

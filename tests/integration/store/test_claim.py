@@ -10,8 +10,9 @@ import pytest
 
 from schemas.errors import InvalidArgument
 from store.pool import Pool
-from store.runs import ClaimedJob, RunStore
-from tests.integration.store.helpers import submit, submit_many
+from store.records import ClaimedJob
+from store.runs import RunStore
+from tests.integration.store.helpers import age_rows, submit, submit_many
 
 
 async def test_eight_claimers_take_each_of_2000_jobs_exactly_once(store: RunStore) -> None:
@@ -92,12 +93,15 @@ async def test_extending_a_lease_pushes_it_from_the_database_clock(pool: Pool) -
     await submit(store)
     claimed = await store.claim("w1")
     assert claimed is not None and claimed.job.lease_until is not None
-    await asyncio.sleep(0.2)
+    await age_rows(pool, 1.0, claimed.job_id)  # a second of the lease passes
     await store.extend_lease(claimed.lease)
     job = await store.get(claimed.job_id)
     assert job.lease_until is not None
     assert job.lease_until - job.updated_at == timedelta(seconds=2)
-    assert job.lease_until - claimed.job.lease_until >= timedelta(seconds=0.2)
+    # From now, not from the old deadline, which the second brought 1 s closer.
+    assert job.lease_until - (claimed.job.lease_until - timedelta(seconds=1)) >= timedelta(
+        seconds=1
+    )
     # Nothing else moves: same owner, same attempt, still RUNNING.
     assert (job.status, job.lease_owner, job.attempt) == ("RUNNING", "w1", 1)
 

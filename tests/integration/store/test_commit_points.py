@@ -12,10 +12,12 @@ import pytest
 
 from schemas.contract import EventType, WorkflowRunEvent, decode_event, to_json, with_event_id
 from schemas.errors import ContractViolation, InvalidArgument, NotFound, UnstorableValue
+from schemas.verdicts import StepVerdict
 from store.outbox import Outbox
 from store.pool import Pool
-from store.runs import ClaimedJob, RunStore, StepVerdict
-from tests.integration.store.helpers import DEFINITION, entry, submit
+from store.records import ClaimedJob
+from store.runs import RunStore
+from tests.integration.store.helpers import DEFINITION, age_rows, entry, submit
 
 # Test-only sabotage: the outbox insert, always the last write of a commit
 # point's statement, raises; the row change in the same statement must vanish.
@@ -32,11 +34,13 @@ ALLOW_OUTBOX_SQL = "DROP TRIGGER refuse_outbox ON workflow_run_events_outbox"
 
 
 def accept(_definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
-    return StepVerdict(accepted=True, response={**response, "normalized": True})
+    return StepVerdict("review", accepted=True, response={**response, "normalized": True})
 
 
 def reject(_definition: dict[str, Any], _response: dict[str, Any]) -> StepVerdict:
-    return StepVerdict(accepted=False, response={}, violations="approved: must be true")
+    return StepVerdict(
+        "review", accepted=False, response={}, violations=("approved: must be true",)
+    )
 
 
 async def _events(outbox: Outbox, job_id: uuid.UUID) -> list[WorkflowRunEvent]:
@@ -296,24 +300,24 @@ async def test_a_sweep_that_fails_midway_leaves_no_change_and_no_event(
 ) -> None:
     # One expired lease with attempts left (requeued, no event) and one on its
     # last attempt (DEAD, with an event): one transaction, so both or neither.
-    short = RunStore(pool, lease_s=0.05)
-    retried = await _claimed(short)
-    last = await _claimed(short, max_attempts=1)
-    await asyncio.sleep(0.15)
+    store = RunStore(pool)
+    retried = await _claimed(store)
+    last = await _claimed(store, max_attempts=1)
     jobs = [retried.job_id, last.job_id]
-    before = {job_id: await short.get(job_id) for job_id in jobs}
+    await age_rows(pool, store.lease_s + 1, *jobs)
+    before = {job_id: await store.get(job_id) for job_id in jobs}
 
     async with pool.connection() as conn:
         await conn.execute(REFUSE_OUTBOX_SQL.encode())
     with pytest.raises(psycopg.errors.RaiseException, match="outbox refused"):
-        await short.sweep_expired()
+        await store.sweep_expired()
     async with pool.connection() as conn:
         await conn.execute(ALLOW_OUTBOX_SQL)
 
     for job_id in jobs:
-        assert await short.get(job_id) == before[job_id]
+        assert await store.get(job_id) == before[job_id]
         assert len(await outbox.events_for(job_id)) == 1  # ACCEPTED only
-    result = await short.sweep_expired()
+    result = await store.sweep_expired()
     assert (result.requeued, result.dead) == (1, 1)
 
 

@@ -10,14 +10,15 @@ import pytest
 
 from schemas.contract import EventType, decode_event
 from schemas.errors import InvalidArgument, NotFound
+from schemas.verdicts import StepVerdict
 from store.outbox import Outbox
-from store.runs import RunStore, StepVerdict
+from store.runs import RunStore
 from tests.integration.store.helpers import DEFINITION, entry, submit
 
 
 def accept(definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
     assert definition == DEFINITION  # the verifier sees the job's snapshot
-    return StepVerdict(accepted=True, response=response)
+    return StepVerdict("review", accepted=True, response=response)
 
 
 async def _parked(store: RunStore, step: str = "review") -> uuid.UUID:
@@ -97,7 +98,9 @@ async def test_a_rejected_response_fails_the_job_with_a_verdict(
     job_id = await _parked(store)
 
     def reject(_definition: dict[str, Any], _response: dict[str, Any]) -> StepVerdict:
-        return StepVerdict(accepted=False, response={}, violations="approved: must be true")
+        return StepVerdict(
+            "review", accepted=False, response={}, violations=("approved: must be true",)
+        )
 
     result = await store.complete_step(
         job_id=job_id, step_name="review", response={"approved": False}, verify=reject

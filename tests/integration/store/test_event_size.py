@@ -16,9 +16,11 @@ from schemas.contract import (
     encode_event,
 )
 from schemas.errors import EventTooLarge, UnstorableValue
+from schemas.verdicts import StepVerdict
 from store.outbox import Outbox
 from store.pool import Pool
-from store.runs import ClaimedJob, RunStore, StepVerdict
+from store.records import ClaimedJob
+from store.runs import RunStore
 from tests.integration.store.helpers import DEFINITION, entry, submit
 
 LIMIT = 20_000
@@ -31,7 +33,7 @@ def small(pool: Pool) -> RunStore:
 
 
 def accept(_definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
-    return StepVerdict(accepted=True, response=response)
+    return StepVerdict("review", accepted=True, response=response)
 
 
 async def _claimed(store: RunStore) -> ClaimedJob:

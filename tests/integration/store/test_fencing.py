@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -11,17 +10,16 @@ from schemas.contract import decode_event
 from schemas.errors import LeaseLost
 from store.outbox import Outbox
 from store.pool import Pool
-from store.runs import Lease, RunStore
-from tests.integration.store.helpers import entry, submit
+from store.records import Lease
+from store.runs import RunStore
+from tests.integration.store.helpers import age_rows, entry, submit
 
-TINY_LEASE_S = 0.05
 
-
-async def _swept_lease(store: RunStore) -> Lease:
+async def _swept_lease(store: RunStore, pool: Pool) -> Lease:
     await submit(store)
     claimed = await store.claim("w1")
     assert claimed is not None
-    await asyncio.sleep(TINY_LEASE_S * 3)
+    await age_rows(pool, store.lease_s + 1, claimed.job_id)
     swept = await store.sweep_expired()
     assert swept.requeued == 1
     return claimed.lease
@@ -45,9 +43,9 @@ async def _assert_every_fenced_write_refused(store: RunStore, lease: Lease) -> N
 
 
 async def test_a_swept_worker_cannot_write_and_publishes_nothing(pool: Pool) -> None:
-    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    store = RunStore(pool)
     outbox = Outbox(pool)
-    stale = await _swept_lease(store)
+    stale = await _swept_lease(store, pool)
     before = await store.get(stale.job_id)
     assert before.status == "QUEUED"
 
@@ -61,12 +59,11 @@ async def test_a_swept_worker_cannot_write_and_publishes_nothing(pool: Pool) -> 
 
 
 async def test_a_swept_worker_cannot_write_over_the_next_claim(pool: Pool) -> None:
-    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    store = RunStore(pool)
     outbox = Outbox(pool)
-    stale = await _swept_lease(store)
+    stale = await _swept_lease(store, pool)
     # The same worker id claims again: only the attempt tells the two runs apart.
-    store_long = RunStore(pool)
-    fresh = await store_long.claim("w1")
+    fresh = await store.claim("w1")
     assert fresh is not None
     assert fresh.lease.attempt == stale.attempt + 1
 
@@ -77,7 +74,7 @@ async def test_a_swept_worker_cannot_write_over_the_next_claim(pool: Pool) -> No
     assert job.attempt == fresh.lease.attempt
     assert job.checkpoints == ()
     # The live lease still works.
-    await store_long.checkpoint(fresh.lease, entry("tokenize", ids=[1]))
+    await store.checkpoint(fresh.lease, entry("tokenize", ids=[1]))
     events = [decode_event(row.payload) for row in await outbox.events_for(stale.job_id)]
     assert [event.attempt for event in events] == [0, fresh.lease.attempt]
 

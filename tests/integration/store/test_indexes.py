@@ -16,15 +16,15 @@ import pytest
 
 from store.outbox import LEASE_PENDING_SQL, lease_pending_params
 from store.pool import Pool
-from store.runs import (
+from store.run_sql import (
     CLAIM_PLANNER_SQL,
     CLAIM_SQL,
     COUNT_QUEUED_SQL,
     SELECT_EXHAUSTED_SQL,
     SELECT_EXPIRED_SQL,
-    RunStore,
     list_jobs_sql,
 )
+from store.runs import RunStore
 from tests.integration.store.helpers import submit_many
 
 

@@ -8,7 +8,8 @@ import uuid
 import pytest
 
 from schemas.errors import InvalidArgument
-from store.runs import Job, RunStore, encode_page_token
+from store.records import Job
+from store.runs import RunStore, encode_page_token
 from tests.integration.store.helpers import submit, submit_many
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import psycopg
 
+from schemas.verdicts import StepVerdict
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.notify import listen
 from store.pool import Pool
-from store.runs import RunStore, StepVerdict
+from store.runs import RunStore
 from tests.integration.store.helpers import entry, submit
 
 
@@ -53,10 +55,21 @@ async def test_claimable_work_and_new_events_wake_their_listeners(dsn: str, pool
             job_id=again.job_id,
             step_name="review",
             response={},
-            verify=lambda _definition, response: StepVerdict(accepted=True, response=response),
+            verify=lambda _definition, response: StepVerdict(
+                "review", accepted=True, response=response
+            ),
         )
         assert await _heard(listener) == {JOBS_QUEUED_CHANNEL}
         resumed = await store.claim("w1")
         assert resumed is not None
         await store.complete(resumed.lease, result={}, verdict="done")
         assert await _heard(listener) == {OUTBOX_CHANNEL}
+
+
+async def test_a_listening_connection_yields_the_channel_of_each_notification(
+    dsn: str, pool: Pool
+) -> None:
+    async with listen(dsn, [JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL]) as notified:
+        await submit(RunStore(pool))
+        heard = {await anext(notified), await anext(notified)}
+    assert heard == {JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL}

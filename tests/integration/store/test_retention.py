@@ -21,7 +21,8 @@ from store.retention import (
     RetentionStore,
     delete_jobs_batch_sql,
 )
-from store.runs import SNAPSHOT_LOCK_CLASS, RunStore
+from store.run_sql import SNAPSHOT_LOCK_CLASS
+from store.runs import RunStore
 from store.states import TERMINAL, Status
 from tests.integration.store.helpers import entry, submit
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import timedelta
 
@@ -12,9 +11,9 @@ from schemas.contract import EventType, decode_event
 from store.outbox import Outbox
 from store.pool import Pool
 from store.runs import RunStore
-from tests.integration.store.helpers import submit
+from tests.integration.store.helpers import age_rows, submit
 
-FAST_BASE_S = 0.02
+BASE_S = 60.0
 
 
 async def _let_the_backoff_pass(pool: Pool, job_id: uuid.UUID) -> None:
@@ -66,18 +65,20 @@ async def test_attempts_one_and_two_back_off_five_and_ten_seconds_then_dead(
 
 
 async def test_a_retry_waits_out_its_backoff_on_the_database_clock(pool: Pool) -> None:
-    fast = RunStore(pool, retry_base_s=FAST_BASE_S)
-    job_id = (await submit(fast)).job.job_id
+    store = RunStore(pool, retry_base_s=BASE_S)
+    job_id = (await submit(store)).job.job_id
     for attempt in (1, 2, 3):
         if attempt > 1:
-            # Attempt n-1 backed off base x 2^(n-2); sleep past it.
-            await asyncio.sleep(FAST_BASE_S * 2 ** (attempt - 2) * 1.5)
-        claimed = await fast.claim("w1")
+            # Attempt n-1 backed off base x 2^(n-2): nothing to claim until exactly
+            # that much has passed on the database clock.
+            assert await store.claim("w1") is None
+            await age_rows(pool, BASE_S * 2 ** (attempt - 2), job_id)
+        claimed = await store.claim("w1")
         assert claimed is not None and claimed.job_id == job_id
         assert claimed.lease.attempt == attempt
-        outcome = await fast.retry_or_die(claimed.lease, f"UNAVAILABLE #{attempt}")
+        outcome = await store.retry_or_die(claimed.lease, f"UNAVAILABLE #{attempt}")
     assert outcome.dead
-    assert (await fast.get(job_id)).error == "UNAVAILABLE #3"
+    assert (await store.get(job_id)).error == "UNAVAILABLE #3"
 
 
 async def test_the_backoff_base_is_configurable(pool: Pool) -> None:
@@ -90,5 +91,5 @@ async def test_the_backoff_base_is_configurable(pool: Pool) -> None:
         await store.retry_or_die(claimed.lease, "UNAVAILABLE")
         job = await store.get(job_id)
         expected.append((job.run_after - job.updated_at).total_seconds())
-        await asyncio.sleep(0.1 * 2 ** (attempt - 1) + 0.03)
+        await age_rows(pool, 0.1 * 2 ** (attempt - 1), job_id)
     assert expected == pytest.approx([0.1, 0.2, 0.4])

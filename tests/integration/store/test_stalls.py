@@ -13,7 +13,8 @@ import pytest
 from schemas.errors import LeaseLost
 from store.outbox import Outbox
 from store.pool import Pool
-from store.runs import ClaimedJob, RunStore, SegmentProgress, SweepResult
+from store.records import ClaimedJob, SegmentProgress, SweepResult
+from store.runs import RunStore
 from tests.integration.store.helpers import submit
 
 LEASE_S = 30.0

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from schemas.contract import EventType, decode_event
 from store.outbox import Outbox
 from store.pool import Pool
 from store.runs import RunStore
-from tests.integration.store.helpers import entry, submit
-
-TINY_LEASE_S = 0.05
+from tests.integration.store.helpers import age_rows, entry, submit
 
 
-async def _expire() -> None:
-    await asyncio.sleep(TINY_LEASE_S * 3)
+async def _expire(store: RunStore, pool: Pool, *job_ids: uuid.UUID) -> None:
+    await age_rows(pool, store.lease_s + 1, *job_ids)
 
 
 async def test_an_expired_lease_is_requeued_and_resumes_from_its_checkpoints(
     pool: Pool, outbox: Outbox
 ) -> None:
-    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    store = RunStore(pool)
     job_id = (await submit(store)).job.job_id
     claimed = await store.claim("w1")
     assert claimed is not None
     await store.checkpoint(claimed.lease, entry("tokenize", ids=[1]))
     assert (await store.sweep_expired()).requeued == 0  # still leased
 
-    await _expire()
+    await _expire(store, pool, job_id)
     result = await store.sweep_expired()
     assert (result.requeued, result.dead) == (1, 0)
     job = await store.get(job_id)
@@ -47,12 +46,12 @@ async def test_an_expired_lease_is_requeued_and_resumes_from_its_checkpoints(
 
 
 async def test_an_expired_lease_on_the_last_attempt_lands_dead(pool: Pool, outbox: Outbox) -> None:
-    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    store = RunStore(pool)
     job_id = (await submit(store, max_attempts=2)).job.job_id
     for attempt in (1, 2):
         claimed = await store.claim("w1")
         assert claimed is not None and claimed.lease.attempt == attempt
-        await _expire()
+        await _expire(store, pool, job_id)
         result = await store.sweep_expired()
         assert (result.requeued, result.dead) == ((1, 0) if attempt == 1 else (0, 1))
 
@@ -95,10 +94,10 @@ async def test_a_queued_job_with_no_attempts_left_is_never_claimed_but_settled_d
 
 
 async def test_two_sweepers_at_once_settle_each_job_once(pool: Pool, outbox: Outbox) -> None:
-    store = RunStore(pool, lease_s=TINY_LEASE_S)
+    store = RunStore(pool)
     ids = [(await submit(store, max_attempts=1)).job.job_id for _ in range(30)]
     assert len(await store.claim_batch("w1", 30)) == 30
-    await _expire()
+    await _expire(store, pool, *ids)
     results = await asyncio.gather(store.sweep_expired(), store.sweep_expired())
     assert sum(result.dead for result in results) == 30
     for job_id in ids:

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from store.migrate import migrate
 from streams.app import create_app
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -23,8 +22,7 @@ from tests.workflows_fixtures import envelope, make_registry, tokenize_ids
 
 @pytest.fixture
 async def dsn(make_database: Callable[[], str]) -> str:
-    url = make_database()
-    await migrate(url)
+    url = make_database(migrated=True)
     return url
 
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from cli.main import main as cli_main
 from schemas.contract import EventType, WorkflowRunEvent, decode_event
-from streams import cli
 from streams.runtime import Runtime
 from streams.settings import Settings
 from tests.workflows_fixtures import make_registry
@@ -110,7 +110,7 @@ class Wfjobs:
 
     async def __call__(self, *argv: str) -> tuple[int, str, str]:
         self._capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, ["--url", self._url, *argv])
+        code = await asyncio.to_thread(cli_main, ["--url", self._url, *argv])
         captured = self._capsys.readouterr()
         return code, captured.out, captured.err
 

@@ -14,13 +14,15 @@ from google.protobuf.message import Message
 
 from store.channels import JOBS_QUEUED_CHANNEL
 from store.pool import Pool, open_pool
-from store.runs import Lease, RunStore
+from store.records import Lease
+from store.runs import RunStore
 from streams.claims import ClaimLoops
 from streams.listener import Listener
 from streams.sweeper import Sweeper
 from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, CallLog, envelope, make_registry
-from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.cache import DefinitionCache
 from workflows.invokers import HandlerRegistry, StepContext
+from workflows.steps import CompiledWorkflow
 
 REMOTE = "127.0.0.1:9"  # never dialled: the registry serves every method in-process
 
@@ -52,6 +54,7 @@ class Harness:
             "loops": 2,
             "poll_interval_s": 0.05,
             "heartbeat_s": 0.2,
+            "grace_s": 1.0,
         }
         return ClaimLoops(self.runs, **{**defaults, **options})
 
@@ -95,7 +98,7 @@ async def test_jobs_complete_park_and_fail_by_kind(harness: Harness) -> None:
     )
     verdict = await harness.submit(envelope(name="auto", review="invoke"), {"text": "reject it"})
     loops = harness.loops(loops=3)
-    loops.start()
+    await loops.start()
     try:
         completed = await harness.wait_status(done, "COMPLETED")
         assert completed.verdict == "completed 3 steps: tokenize, embed, review"
@@ -107,7 +110,7 @@ async def test_jobs_complete_park_and_fail_by_kind(harness: Harness) -> None:
         judged = await harness.wait_status(verdict, "FAILED")
         assert judged.verdict is not None and "response.approved" in judged.verdict
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert loops.stats.completed == 1 and loops.stats.parked == 1 and loops.stats.failed == 2
 
 
@@ -132,12 +135,12 @@ async def test_the_per_target_cap_bounds_concurrent_segments(harness: Harness, t
     workflow = envelope(name="capped", target=target, review="invoke")
     jobs = [await harness.submit(workflow, {"text": f"job {n}"}) for n in range(6)]
     loops = harness.loops(loops=6, max_per_target=2)
-    loops.start()
+    await loops.start()
     try:
         for job_id in jobs:
             await harness.wait_status(job_id, "COMPLETED")
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert peak == 2
 
 
@@ -148,7 +151,7 @@ async def test_a_lost_lease_stops_the_segment_and_writes_nothing(
         envelope(name="slow", review="invoke"), {"text": "slow", "delay_ms": 3000}
     )
     loops = harness.loops(loops=1, heartbeat_s=0.1)
-    loops.start()
+    await loops.start()
     try:
         await harness.wait_status(job_id, "RUNNING")
         # Another worker's sweeper decides the lease is gone, and requeues the job.
@@ -168,7 +171,7 @@ async def test_a_lost_lease_stops_the_segment_and_writes_nothing(
         # Found by the heartbeat, well before the 3 s step would have ended.
         assert time.monotonic() - swept < 1.5
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     async with pool.connection() as conn:
         cursor = await conn.execute(
             "SELECT event_type FROM workflow_run_events_outbox WHERE job_id = %s ORDER BY id",
@@ -194,11 +197,11 @@ async def test_a_store_failure_at_checkpoint_hands_the_job_back(pool: Pool) -> N
     harness = Harness(FlakyRuns(pool, lease_s=2.0), make_registry(calls), calls)
     job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "x y"})
     loops = harness.loops(loops=1)
-    loops.start()
+    await loops.start()
     try:
         job = await harness.wait_status(job_id, "COMPLETED", "FAILED", "DEAD")
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.status == "COMPLETED"
     # The failed attempt was given back: the run that completed is attempt 1.
     assert job.attempt == 1
@@ -210,10 +213,10 @@ async def test_stop_waits_for_a_short_segment(harness: Harness) -> None:
     job_id = await harness.submit(
         envelope(name="auto", review="invoke"), {"text": "quick", "delay_ms": 300}
     )
-    loops = harness.loops(loops=1)
-    loops.start()
+    loops = harness.loops(loops=1, grace_s=5.0)
+    await loops.start()
     await harness.wait_status(job_id, "RUNNING")
-    await loops.stop(grace_s=5)
+    await loops.stop()
     assert (await harness.runs.get(job_id)).status == "COMPLETED"
 
 
@@ -221,11 +224,11 @@ async def test_stop_hands_back_a_segment_that_outlives_the_grace(harness: Harnes
     job_id = await harness.submit(
         envelope(name="auto", review="invoke"), {"text": "slow", "delay_ms": 10_000}
     )
-    loops = harness.loops(loops=2)
-    loops.start()
+    loops = harness.loops(loops=2, grace_s=0.3)
+    await loops.start()
     await harness.wait_status(job_id, "RUNNING")
     started = time.monotonic()
-    await loops.stop(grace_s=0.3)
+    await loops.stop()
     assert time.monotonic() - started < 3
     job = await harness.runs.get(job_id)
     assert job.status == "QUEUED"
@@ -238,11 +241,11 @@ async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
         envelope(name="auto", review="invoke"), {"text": "x", "embed_fail": "RETRYABLE"}
     )
     loops = harness.loops(loops=1)
-    loops.start()
+    await loops.start()
     try:
         job = await harness.wait_status(job_id, "DEAD")
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.error == "step 'embed': test fault RETRYABLE"
     assert job.attempt == 3
     assert harness.calls[TOKENIZE] == 1 and harness.calls[EMBED] == 3
@@ -251,11 +254,11 @@ async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
 
 async def test_notify_wakes_an_idle_claimer_before_its_poll(harness: Harness, dsn: str) -> None:
     listener = Listener(dsn, JOBS_QUEUED_CHANNEL)
-    listener.start()
+    await listener.start()
     loops = harness.loops(
         loops=1, poll_interval_s=30.0, wake=listener.subscribe(JOBS_QUEUED_CHANNEL)
     )
-    loops.start()
+    await loops.start()
     try:
         await asyncio.sleep(0.5)  # the claimer has found nothing and is waiting
         job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "now"})
@@ -264,7 +267,7 @@ async def test_notify_wakes_an_idle_claimer_before_its_poll(harness: Harness, ds
         assert time.monotonic() - started < 5
         assert listener.notifications >= 1
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
         await listener.stop()
 
 
@@ -278,7 +281,7 @@ async def test_the_sweeper_requeues_an_expired_lease(harness: Harness, pool: Poo
             (job_id,),
         )
     sweeper = Sweeper(harness.runs, interval_s=0.05)
-    sweeper.start()
+    await sweeper.start()
     try:
         job = await harness.wait_status(job_id, "QUEUED")
     finally:
@@ -297,12 +300,12 @@ async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
     )
     sweeper = Sweeper(harness.runs, interval_s=0.1)
     loops = harness.loops(loops=1, heartbeat_s=0.25)
-    sweeper.start()
-    loops.start()
+    await sweeper.start()
+    await loops.start()
     try:
         job = await harness.wait_status(job_id, "COMPLETED", "FAILED", "DEAD", timeout_s=15)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
         await sweeper.stop()
     assert job.status == "COMPLETED", job
     assert job.attempt == 1 and job.lease_owner == "w-test"
@@ -322,11 +325,11 @@ async def test_a_response_the_database_refuses_fails_the_job_instead_of_looping(
     harness.registry.register(REVIEW, refusing_review, replace=True)
     job_id = await harness.submit(envelope(name="nul", review="invoke"), {"text": "x y"})
     loops = harness.loops(loops=1)
-    loops.start()
+    await loops.start()
     try:
         job = await harness.wait_status(job_id, "FAILED", "DEAD", timeout_s=5)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.status == "FAILED"
     assert job.error.startswith("step 'review': the database refused to checkpoint step")
     assert [entry["name"] for entry in job.checkpoints] == ["tokenize", "embed"]
@@ -349,11 +352,11 @@ async def test_a_settle_that_always_fails_spends_attempts_until_dead(
         )
     job_id = await harness.submit(envelope(name="stuck", review="invoke"), {"text": "x y"})
     loops = harness.loops(loops=1)
-    loops.start()
+    await loops.start()
     try:
         job = await harness.wait_status(job_id, "DEAD", timeout_s=10)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.attempt == job.max_attempts == 3
     assert "completions are refused here" in job.error
     assert loops.stats.handed_back == 0

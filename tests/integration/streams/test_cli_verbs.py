@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streams import cli
+from cli.main import main as cli_main
 from tests.integration.streams.conftest import WEB_WORKFLOW, parked_job, put_workflow, serve
 
 
@@ -25,7 +25,7 @@ class Wfjobs:
 
     async def __call__(self, *argv: str) -> tuple[int, str, str]:
         self._capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, ["--url", self._url, *argv])
+        code = await asyncio.to_thread(cli_main, ["--url", self._url, *argv])
         captured = self._capsys.readouterr()
         return code, captured.out, captured.err
 

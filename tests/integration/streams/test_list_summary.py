@@ -6,7 +6,7 @@ import base64
 import os
 import uuid
 
-from store.runs import JobSummary
+from store.records import JobSummary
 from tests.integration.streams.conftest import serve
 
 

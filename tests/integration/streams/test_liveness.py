@@ -17,11 +17,13 @@ import psycopg
 import pytest
 
 from store.pool import Pool, open_pool
-from store.runs import Lease, RunStore, SweepResult
+from store.records import Lease, SweepResult
+from store.runs import RunStore
 from streams.claims import ClaimLoops
 from streams.sweeper import Sweeper
 from tests.workflows_fixtures import CallLog, envelope, make_registry
-from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.cache import DefinitionCache
+from workflows.steps import CompiledWorkflow
 
 HEARTBEAT_S = 0.2
 
@@ -95,6 +97,7 @@ def claim_loops(runs: RunStore, **options: Any) -> ClaimLoops:
         "loops": 1,
         "poll_interval_s": 0.05,
         "heartbeat_s": HEARTBEAT_S,
+        "grace_s": 1.0,
     }
     return ClaimLoops(runs, **{**defaults, **options})
 
@@ -135,11 +138,11 @@ async def test_a_heartbeat_cancelled_as_the_pool_hands_it_a_connection_still_sto
     observer = RunStore(pool)
     job_id = await submit(observer, envelope(name="auto", review="invoke"), "a b c")
     loops = claim_loops(runs)
-    loops.start()
+    await loops.start()
     try:
         job = await wait_status(observer, job_id, "COMPLETED", "FAILED", "DEAD", timeout_s=5.0)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.status == "COMPLETED", job
     assert runs.last_checkpoint_at is not None and runs.settled_at is not None
     assert runs.settled_at - runs.last_checkpoint_at < HEARTBEAT_S
@@ -182,7 +185,7 @@ async def test_a_segment_without_progress_is_stopped_and_given_up_by_its_worker(
     job_id = await submit(runs, envelope(name="auto", review="invoke", deadline_ms=1000), "a b")
     clock = Clock()
     loops = claim_loops(runs, clock=clock)
-    loops.start()
+    await loops.start()
     try:
         await asyncio.wait_for(runs.stuck.wait(), timeout=5)
         loops.watch_once()
@@ -194,7 +197,7 @@ async def test_a_segment_without_progress_is_stopped_and_given_up_by_its_worker(
         loops.watch_once()
         job = await wait_status(runs, job_id, "QUEUED", timeout_s=5.0)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     # A retryable failure: the attempt counts and the job waits out its backoff.
     assert job.attempt == 1 and job.lease_owner is None
     assert job.error == (
@@ -227,7 +230,7 @@ async def test_a_job_held_past_its_bound_after_its_segment_is_reported_and_hande
     job_id = await submit(runs, envelope(name="auto", review="invoke"), "a b")
     clock = Clock()
     loops = claim_loops(runs, clock=clock, settle_bound_s=5.0)
-    loops.start()
+    await loops.start()
     try:
         await asyncio.wait_for(runs.settling.wait(), timeout=5)
         clock.advance(4.0)
@@ -246,7 +249,7 @@ async def test_a_job_held_past_its_bound_after_its_segment_is_reported_and_hande
         # The late settle finds the lease gone and writes nothing; the job runs again.
         job = await wait_status(runs, job_id, "COMPLETED", timeout_s=5.0)
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
     assert job.attempt == 1
     assert loops.stats.held_past_bound == 1 and loops.stats.lease_lost == 1
     assert loops.stats.handed_back == 1
@@ -269,7 +272,7 @@ async def test_claims_failing_past_the_bound_make_the_loops_unhealthy(pool: Pool
     clock = Clock()
     loops = claim_loops(runs, clock=clock, claim_failure_bound_s=60.0)
     assert not loops.health().ready
-    loops.start()
+    await loops.start()
     try:
         await asyncio.wait_for(runs.failed.wait(), timeout=5)
         health = loops.health()
@@ -281,7 +284,7 @@ async def test_claims_failing_past_the_bound_make_the_loops_unhealthy(pool: Pool
         assert not health.healthy
         assert health.summary.startswith("claims failing for 61s")
     finally:
-        await loops.stop(grace_s=1)
+        await loops.stop()
 
 
 class SweepsThatFail(RunStore):

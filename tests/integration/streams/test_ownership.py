@@ -1,26 +1,31 @@
-"""Request topic ownership: the group description read from a real broker and
-the watchdog's escalation on it (the assignor is tested with a worker process,
-in tests/e2e/test_ownership.py)."""
+"""Request topic ownership: the group description read from a real broker (also
+one that stops and comes back) and the watchdog's escalation on it (the
+assignor is tested with a worker process, in tests/e2e/test_ownership.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from devstack.services import ApacheKafkaService
 from streams.ownership import (
     GroupOwnership,
     OwnershipLost,
+    OwnershipReader,
     OwnershipWatchdog,
     Thresholds,
-    read_ownership,
 )
 
 THRESHOLDS = Thresholds(interval_s=1.0, rejoin_after_s=30.0, exit_after_s=60.0)
@@ -71,8 +76,23 @@ def members() -> Iterator[Callable[[str, str, list[str]], Member]]:
         member.consumer.close()
 
 
-def _read(bootstrap: str, group: str, topic: str) -> GroupOwnership:
-    return read_ownership(AdminClient({"bootstrap.servers": bootstrap}), group, topic)
+@pytest.fixture
+async def readers() -> AsyncIterator[Callable[..., OwnershipReader]]:
+    made: list[OwnershipReader] = []
+
+    def make(bootstrap: str, group: str, topic: str, **kwargs: Any) -> OwnershipReader:
+        reader = OwnershipReader(bootstrap, group, topic, **kwargs)
+        made.append(reader)
+        return reader
+
+    yield make
+    for reader in made:
+        await reader.stop()
+
+
+async def _read(bootstrap: str, group: str, topic: str) -> GroupOwnership:
+    async with OwnershipReader(bootstrap, group, topic) as reader:
+        return await reader.read()
 
 
 async def test_read_ownership_names_owners_unowned_partitions_and_lag(
@@ -92,7 +112,7 @@ async def test_read_ownership_names_owners_unowned_partitions_and_lag(
     member = members(kafka_bootstrap, owning, [requests])
     member.wait_assigned()
     member.consumer.commit(offsets=[TopicPartition(requests, 0, 2)], asynchronous=False)
-    seen = await asyncio.to_thread(_read, kafka_bootstrap, owning, requests)
+    seen = await _read(kafka_bootstrap, owning, requests)
     assert seen.stable and seen.members == 1
     assert seen.partitions == (0, 1, 2)
     assert seen.unowned == ()
@@ -103,16 +123,25 @@ async def test_read_ownership_names_owners_unowned_partitions_and_lag(
     # A stable group whose member holds only another topic's partitions.
     elsewhere = f"own-{uuid.uuid4().hex[:8]}"
     members(kafka_bootstrap, elsewhere, [other]).wait_assigned()
-    seen = await asyncio.to_thread(_read, kafka_bootstrap, elsewhere, requests)
+    seen = await _read(kafka_bootstrap, elsewhere, requests)
     assert seen.stable and seen.members == 1
     assert seen.unowned == (0, 1, 2)
     assert seen.lag == {0: 5, 1: 0, 2: 1}
+
+    # A topic the broker does not know has no partitions, and asking about it
+    # does not create it (the broker creates topics on metadata requests that allow it).
+    missing = f"own-missing-{uuid.uuid4().hex[:8]}"
+    seen = await _read(kafka_bootstrap, elsewhere, missing)
+    assert seen.partitions == () and seen.lag == {}
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert missing not in (await asyncio.to_thread(admin.list_topics, timeout=10)).topics
 
 
 async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
     members: Callable[[str, str, list[str]], Member],
+    readers: Callable[..., OwnershipReader],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     requests = new_topic(kafka_bootstrap, 3, prefix="own-requests")
@@ -121,13 +150,10 @@ async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
     # The group is stable and its only member owns nothing of the request
     # topic, whatever anyone rejoins: the state the incident left behind.
     members(kafka_bootstrap, group, [other]).wait_assigned()
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    reader = readers(kafka_bootstrap, group, requests)
     clock = Clock()
     rejoins: list[float] = []
     stopped: list[OwnershipLost] = []
-
-    async def describe() -> GroupOwnership:
-        return await asyncio.to_thread(read_ownership, admin, group, requests)
 
     async def rejoin() -> None:
         rejoins.append(clock.now)
@@ -137,7 +163,7 @@ async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
 
     watchdog = OwnershipWatchdog(
         topic=requests,
-        describe=describe,
+        describe=reader.read,
         rejoin=rejoin,
         stop_process=stop_process,
         thresholds=THRESHOLDS,
@@ -232,3 +258,93 @@ async def test_watchdog_keeps_running_while_the_group_cannot_be_read() -> None:
     health = watchdog.health()
     assert health.healthy
     assert health.detail["last_error"] == "OSError: broker unreachable"
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[ApacheKafkaService]:
+    """A broker of our own, to stop and start again."""
+    with ApacheKafkaService("") as broker:
+        yield broker
+
+
+async def _owned(reader: OwnershipReader, *, timeout_s: float) -> GroupOwnership:
+    """The first read showing a stable group owning every partition; reads may fail until then."""
+    last: list[object] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    seen = await reader.read()
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    last[:] = [exc]
+                else:
+                    last[:] = [seen]
+                    if seen.stable and seen.partitions and not seen.unowned:
+                        return seen
+                await asyncio.sleep(0.3)
+    except TimeoutError:
+        raise AssertionError(f"the group never owned every partition; last read {last}") from None
+
+
+async def test_reads_fail_cleanly_while_the_broker_is_away_and_succeed_once_it_is_back(
+    own_kafka: ApacheKafkaService,
+    new_topic: Callable[..., str],
+    readers: Callable[..., OwnershipReader],
+) -> None:
+    bootstrap = own_kafka.bootstrap_servers
+    requests = new_topic(bootstrap, 3, prefix="own-requests")
+    group = f"own-{uuid.uuid4().hex[:8]}"
+    reader = readers(bootstrap, group, requests, timeout_s=3.0)
+
+    async def never(*_: Any) -> None:
+        raise AssertionError("not expected")
+
+    watchdog = OwnershipWatchdog(
+        topic=requests,
+        describe=reader.read,
+        rejoin=never,
+        stop_process=never,
+        thresholds=THRESHOLDS,
+    )
+    member = AIOKafkaConsumer(
+        requests,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        session_timeout_ms=30_000,
+        heartbeat_interval_ms=1000,
+    )
+    await member.start()
+    try:
+        await _owned(reader, timeout_s=60)
+        # Twice: the second outage meets the client the first one left behind.
+        for _ in range(2):
+            await asyncio.to_thread(own_kafka.halt)
+            for _ in range(3):
+                with pytest.raises((KafkaError, OSError, TimeoutError)):
+                    await reader.read()
+            await watchdog.check()
+            health = watchdog.health()
+            assert health.healthy and health.detail["last_error"], health
+
+            await asyncio.to_thread(own_kafka.resume)
+            seen = await _owned(reader, timeout_s=60)
+            assert seen.partitions == (0, 1, 2) and seen.members == 1
+            await watchdog.check()
+            health = watchdog.health()
+            assert "last_error" not in health.detail and health.detail["unowned"] == [], health
+
+        # A broker that accepts connections but does not answer: the reads time
+        # out (the client's own request timeout or the read's, whichever comes
+        # first), and the answers arrive late, once it goes on.
+        assert own_kafka.pid is not None
+        os.kill(own_kafka.pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                with pytest.raises((KafkaError, TimeoutError)):
+                    await reader.read()
+        finally:
+            os.kill(own_kafka.pid, signal.SIGCONT)
+        await _owned(reader, timeout_s=60)
+    finally:
+        await member.stop()

@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import RequestDecoder
 from store.outbox import Outbox
-from streams.request_agent import DLQ_REASON_HEADER, RequestHandler
-from streams.requests_dlq import REDRIVEN_FROM_HEADER
+from streams.request_agent import RequestHandler
+from streams.requests_dlq import DLQ_REASON_HEADER, REDRIVEN_FROM_HEADER
 from streams.runtime import Runtime
 from tests.conftest import NewTopicFactory
 from tests.integration.streams.conftest import parked_job, put_workflow, serve

@@ -18,6 +18,7 @@ from schemas.contract import WorkflowRunRequest
 from schemas.errors import ResourceExhausted
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
+from streams.admission import Admission, QueueDepth
 from streams.request_agent import RequestHandler, handle_until_done
 from streams.runtime import Runtime
 from streams.settings import Settings
@@ -150,6 +151,28 @@ async def test_a_persistent_defect_dead_letters_the_message(
     ]
 
 
+class CountingAdmission(Admission):
+    """Admission that counts its refusals, for a test to wait on."""
+
+    def __init__(self, cap: int, *, refresh_s: float) -> None:
+        super().__init__(cap, refresh_s=refresh_s)
+        self.refusals = 0
+        self._refused = asyncio.Condition()
+
+    async def check(self, runs: QueueDepth) -> None:
+        try:
+            await super().check(runs)
+        except ResourceExhausted:
+            async with self._refused:
+                self.refusals += 1
+                self._refused.notify_all()
+            raise
+
+    async def refused_at_least(self, count: int) -> None:
+        async with self._refused:
+            await self._refused.wait_for(lambda: self.refusals >= count)
+
+
 async def test_a_full_backlog_holds_requests_back_until_there_is_room(
     dsn: str, letters: Letters
 ) -> None:
@@ -163,6 +186,10 @@ async def test_a_full_backlog_holds_requests_back_until_there_is_room(
     )
     runtime = Runtime(settings, registry=make_registry())
     await runtime.start()
+    # Every check reads the store, and each refusal is counted, so the test
+    # waits on the agent's retries rather than on a clock.
+    admission = CountingAdmission(runtime.admission.cap, refresh_s=0.0)
+    runtime.admission = admission
     try:
         await runtime.require_definitions().put("stored", envelope(name="stored"))
         handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
@@ -179,7 +206,7 @@ async def test_a_full_backlog_holds_requests_back_until_there_is_room(
         waiting = asyncio.create_task(
             handle_until_done(handler, None, request(second), base_s=0.05, cap_s=0.2)
         )
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(admission.refused_at_least(admission.refusals + 3), timeout=10)
         assert not waiting.done()
         assert await runtime.require_runs().claim("agent-test") is not None
         outcome = await asyncio.wait_for(waiting, timeout=5)

@@ -30,7 +30,8 @@ from streams.retention import RetentionLoop
 from streams.settings import Settings
 from tests.conftest import NewTopicFactory
 from tests.workflows_fixtures import CallLog, envelope, make_registry
-from workflows.definition import CompiledWorkflow, DefinitionCache
+from workflows.cache import DefinitionCache
+from workflows.steps import CompiledWorkflow
 
 pytestmark = pytest.mark.kafka
 
@@ -103,6 +104,7 @@ async def test_nothing_live_is_deleted_while_jobs_run_and_events_flow(
         loops=4,
         poll_interval_s=0.05,
         heartbeat_s=1.0,
+        grace_s=1.0,
     )
     settings = Settings.from_env(
         {
@@ -136,8 +138,8 @@ async def test_nothing_live_is_deleted_while_jobs_run_and_events_flow(
 
     workflow = envelope(name="auto", review="invoke")
     compiled = cache.get(workflow)
-    loops.start()
-    relay.start()
+    await loops.start()
+    await relay.start()
     running = asyncio.create_task(passes())
     try:
         ids = [uuid.uuid4() for _ in range(JOBS)]
@@ -161,7 +163,7 @@ async def test_nothing_live_is_deleted_while_jobs_run_and_events_flow(
     finally:
         stop.set()
         pass_count = await running
-        await loops.stop(grace_s=1)
+        await loops.stop()
         await relay.stop()
 
     assert pass_count > 1

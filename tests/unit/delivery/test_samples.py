@@ -6,7 +6,7 @@ import math
 import time
 import uuid
 
-from workflows.definition import compile_definition
+from workflows.compiler import compile_definition
 from workflows.invokers import HandlerRegistry, StepContext, coerce_response, load_handler_modules
 from workflows.protojson import to_json
 from workflows.rules import Scope

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.contract import EventType, api_pb2
 from schemas.errors import InvalidArgument
-from store import outbox, runs
+from store import outbox, run_sql
 from store.states import (
     STATUSES,
     TERMINAL,
@@ -84,8 +84,8 @@ def test_transition_refuses_what_the_table_does_not_allow() -> None:
 
 
 def test_every_store_move_is_in_the_table() -> None:
-    moves = [runs.CLAIM, runs.PARK, runs.COMPLETE, runs.FAIL, runs.RETRY, runs.GIVE_UP]
-    moves += [runs.EXHAUSTED, runs.RESUME, runs.REJECT]
+    moves = [run_sql.CLAIM, run_sql.PARK, run_sql.COMPLETE, run_sql.FAIL, run_sql.RETRY]
+    moves += [run_sql.GIVE_UP, run_sql.EXHAUSTED, run_sql.RESUME, run_sql.REJECT]
     assert set(moves) == DESIGN_EDGES
 
 
@@ -121,7 +121,8 @@ def test_the_outbox_check_constraint_lists_exactly_the_event_types() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["runs", "definitions", "migrate", "pool", "channels", "retention"]
+    "module",
+    ["runs", "run_sql", "records", "definitions", "migrate", "pool", "channels", "retention"],
 )
 def test_job_statuses_are_spelled_only_in_the_state_machine(module: str) -> None:
     # outbox.py is left out on purpose: its PENDING/PUBLISHED/FAILED are the
@@ -135,11 +136,11 @@ def test_job_statuses_are_spelled_only_in_the_state_machine(module: str) -> None
 def test_time_is_compared_only_against_the_database_clock() -> None:
     statements = [
         value
-        for module in (runs, outbox)
+        for module in (run_sql, outbox)
         for value in vars(module).values()
         if isinstance(value, str) and "workflow_run" in value
     ]
-    statements += [runs.list_jobs_sql(by_status=True, by_name=True, after=True)]
+    statements += [run_sql.list_jobs_sql(by_status=True, by_name=True, after=True)]
     # A test may ask the sweep about a later instant instead of sleeping until
     # the database clock gets there; left out, the database clock decides.
     database_clock = ("now()", "coalesce(%(now)s::timestamptz, now())")

@@ -21,7 +21,9 @@ from store.pool import (
     DEFAULT_TIMEOUT_S,
     create_pool,
 )
-from store.runs import StepOutcome, decode_page_token, encode_page_token, list_jobs_sql
+from store.records import StepOutcome
+from store.run_sql import list_jobs_sql
+from store.runs import decode_page_token, encode_page_token
 
 
 def test_a_page_token_round_trips() -> None:

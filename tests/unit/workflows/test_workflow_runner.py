@@ -276,11 +276,12 @@ async def test_an_external_step_parks_without_being_invoked() -> None:
         input={"text": TEXT},
         checkpoints=observer.entries,
     )
-    assert verdict.accepted and verdict.entry is not None
+    assert verdict.accepted
+    answered = {"name": "review", "skipped": False, "response": verdict.response}
     resumed = await _run(
         workflow,
         {"text": TEXT},
-        [*observer.entries, verdict.entry],
+        [*observer.entries, answered],
         registry=make_registry(calls),
     )
     assert isinstance(resumed, Completed)
@@ -509,18 +510,15 @@ def test_accept_external_accepts_a_valid_response() -> None:
         checkpoints=_parked_checkpoints(workflow),
     )
     assert verdict.accepted
-    assert verdict.entry == {
-        "name": "review",
-        "skipped": False,
-        "response": {"approved": True, "reviewer": "ann", "note": ""},
-    }
+    assert verdict.step_name == "review"
+    # Normalized: the response as the checkpoint will hold it.
+    assert verdict.response == {"approved": True, "reviewer": "ann", "note": ""}
 
 
 def test_accept_external_rejects_a_response_that_breaks_validate() -> None:
     workflow = compile_definition(envelope())
     verdict = workflow.accept_external("review", {"approved": False, "note": "no"})
     assert not verdict.accepted
-    assert verdict.entry is None
     assert verdict.violations == ("validate rule `response.approved` is false",)
     assert "rejected" in verdict.message
 

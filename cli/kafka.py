@@ -1,0 +1,203 @@
+"""The verbs that speak Kafka themselves: ``produce`` and ``events``.
+
+They read the worker's settings (``KAFKA_BOOTSTRAP_SERVERS``, the topics,
+``WFJOBS_SCHEMA_REGISTRY_URL``...) rather than the HTTP API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+
+from cli.arguments import job_id_argument, json_object, uuid_argument
+from cli.errors import CliError
+from cli.render import Output, print_event
+from schemas.contract import WorkflowRunRequest, check_incoming
+from schemas.errors import WorkflowJobsError
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
+
+
+def settings_from_env() -> Settings:
+    # Imported here: the verbs that only speak HTTP never read the settings.
+    from streams.settings import Settings
+
+    return Settings.from_env()
+
+
+# librdkafka would print every failed connection attempt to stderr; the commands
+# report what went wrong once, as ``code: message``.
+QUIET_CLIENT: Mapping[str, Any] = {"log_level": 0}
+# librdkafka's default, and what a broker accepts by default: a request above it
+# is refused before anything is sent.
+PRODUCE_MAX_BYTES = 1_000_000
+
+
+def cmd_produce(args: argparse.Namespace, out: Output) -> int:
+    from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+    from schemas.serde import encode_request
+
+    settings = settings_from_env()
+    request = WorkflowRunRequest(
+        job_id=job_id_argument(args.job_id), workflow_name=args.workflow_name
+    )
+    request.input.update(json_object(args.input, "--input"))
+    check_incoming(request)
+    try:
+        value = encode_request(
+            request, registry=settings.open_registry(), topic=settings.requests_topic
+        )
+    except WorkflowJobsError:
+        raise
+    except Exception as exc:  # the registry client's transport and API errors alike
+        if not settings.schema_registry_url:
+            raise
+        raise CliError(
+            "UNAVAILABLE",
+            f"cannot frame the request with the schema registry at "
+            f"{settings.schema_registry_url}: {exc}",
+        ) from None
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": int(args.timeout * 1000),
+            "message.max.bytes": PRODUCE_MAX_BYTES,
+            **QUIET_CLIENT,
+        }
+    )
+    reports: list[KafkaError | None] = []
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        reports.append(error)
+
+    try:
+        producer.produce(
+            settings.requests_topic,
+            key=request.job_id.encode(),
+            value=value,
+            on_delivery=delivered,
+        )
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            raise CliError(
+                "PAYLOAD_TOO_LARGE",
+                f"the request is {len(value)} bytes; a Kafka message may be at most "
+                f"{PRODUCE_MAX_BYTES} bytes",
+            ) from None
+        reason = error.str() if isinstance(error, KafkaError) else str(exc)
+        raise CliError(
+            "UNAVAILABLE", f"cannot produce to {settings.requests_topic}: {reason}"
+        ) from None
+    producer.flush(args.timeout + 5)
+    if not reports or reports[0] is not None:
+        reason = reports[0].str() if reports and reports[0] is not None else "no delivery report"
+        raise CliError(
+            "UNAVAILABLE", f"request not delivered to {settings.requests_topic}: {reason}"
+        )
+    if out.as_json:
+        out.json({"job_id": request.job_id, "topic": settings.requests_topic})
+    else:
+        out.print(
+            f"produced job [bold]{request.job_id}[/] to {escape(settings.requests_topic)}; "
+            f"follow it with `wfjobs get {request.job_id}`"
+        )
+    return 0
+
+
+def cmd_events(args: argparse.Namespace, out: Output) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+    from schemas.serde import EventDecoder, UndecodableMessage
+
+    job = None if args.job is None else uuid_argument(args.job, "--job")
+    settings = settings_from_env()
+    decoder = EventDecoder(
+        settings.open_registry(), topic=settings.events_topic, event_format=settings.event_format
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            # Partitions are assigned by hand below and nothing is committed, so
+            # this id never joins a group: reading moves nobody's offsets.
+            "group.id": f"wfjobs-cli-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            # Reaching a partition's end is reported: where "only new events" begin.
+            "enable.partition.eof": True,
+            **QUIET_CLIENT,
+        }
+    )
+    start = OFFSET_BEGINNING if args.from_beginning else OFFSET_END
+    # Partitions read up to the end they had when we joined. Seeking to OFFSET_END
+    # is not enough: Tansu answers it with an offset inside the partition's last
+    # batch, so the rest of that batch would be printed as if it were new.
+    caught_up: set[int | None] = set()
+    seen: set[int] = set()
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    try:
+        partitions = _partitions(
+            consumer,
+            settings.events_topic,
+            bootstrap=settings.kafka_bootstrap_servers,
+            timeout_s=min(15.0, args.timeout) if args.timeout else 15.0,
+        )
+        consumer.assign([TopicPartition(settings.events_topic, p, start) for p in partitions])
+        if not out.as_json:
+            out.errors.print(f"[dim]reading {escape(settings.events_topic)}; Ctrl-C to stop[/]")
+        while args.max is None or len(seen) < args.max:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    caught_up.add(message.partition())
+                else:
+                    out.error("KAFKA", str(error))
+                continue
+            if not args.from_beginning and message.partition() not in caught_up:
+                continue
+            try:
+                event = decoder.decode(message.value(), topic=message.topic())
+            except UndecodableMessage as exc:
+                out.error("UNDECODABLE", f"offset {message.offset()}: {exc.message}")
+                continue
+            # At-least-once delivery: a republished event carries the same id.
+            if event.event_id in seen or (job is not None and event.job_id != job):
+                continue
+            seen.add(event.event_id)
+            print_event(out, event)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return 0
+
+
+def _partitions(consumer: Any, topic: str, *, bootstrap: str, timeout_s: float) -> list[int]:
+    """Every partition of ``topic``: read them all without joining a consumer group."""
+    from confluent_kafka import KafkaException
+
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        reason = error.str() if hasattr(error, "str") else str(error)
+        raise CliError(
+            "UNAVAILABLE", f"cannot read {topic} from {bootstrap}: {reason} (is Kafka running?)"
+        ) from None
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        reason = metadata.error if metadata is not None else "no metadata"
+        raise CliError("NOT_FOUND", f"topic {topic} is not readable: {reason}")
+    return sorted(metadata.partitions)

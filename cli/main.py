@@ -1,0 +1,461 @@
+"""``wfjobs``: the command line of workflow-jobs.
+
+The job and workflow verbs talk to a worker's HTTP API (``--url``, else
+``WFJOBS_URL``, else ``http://127.0.0.1:6066``). ``migrate``, ``produce`` and
+``events`` use the settings directly (``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS``,
+``WFJOBS_SCHEMA_REGISTRY_URL``...), and ``dev`` starts the embedded stack; those
+four do not take ``--url``.
+
+Output is tables and colours on a terminal, plain text when piped, and JSON with
+``--json``. Errors print their code and message and exit 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from cli.arguments import job_id_argument, json_object, required
+from cli.errors import CliError
+from cli.http import DEFAULT_URL, ApiClient, path_segment
+from cli.kafka import cmd_events, cmd_produce
+from cli.render import (
+    Output,
+    render_dead_letters,
+    render_failed_outbox,
+    render_job,
+    render_jobs,
+    render_workflow,
+    render_workflows,
+    status_markup,
+)
+from schemas import defaults
+from schemas.errors import WorkflowJobsError
+
+DEV_EXTRA_INSTALL = "pip install 'workflow-jobs[dev]'"
+
+
+def _show(out: Output, answer: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> int:
+    """The server's answer as JSON with ``--json``, else as ``render`` draws it."""
+    if out.as_json:
+        out.json(answer)
+    else:
+        render(answer)
+    return 0
+
+
+def cmd_workflows_put(args: argparse.Namespace, out: Output) -> int:
+    definition = json_object(f"@{args.file}", "workflow file")
+    if args.name is not None:
+        # The server stores a definition under its own name: --name renames it.
+        definition["name"] = required(args.name, "--name")
+    name = definition.get("name")
+    if not isinstance(name, str) or not name:
+        raise CliError("INVALID_ARGUMENT", "the workflow has no name: add one or pass --name")
+    answer = ApiClient(args.url).call(
+        "PUT", f"/v1/workflows/{path_segment(name)}", {"workflow": definition}
+    )
+
+    def render(answer: dict[str, Any]) -> None:
+        stored = answer.get("workflow", {})
+        out.print(f"stored workflow [bold]{escape(str(stored.get('name', name)))}[/]")
+
+    return _show(out, answer, render)
+
+
+def cmd_workflows_get(args: argparse.Namespace, out: Output) -> int:
+    name = required(args.name, "NAME")
+    answer = ApiClient(args.url).call("GET", f"/v1/workflows/{path_segment(name)}")
+    return _show(out, answer, lambda answer: render_workflow(out, answer.get("workflow", {})))
+
+
+def cmd_workflows_list(args: argparse.Namespace, out: Output) -> int:
+    answer = ApiClient(args.url).call("GET", "/v1/workflows")
+    return _show(out, answer, lambda answer: render_workflows(out, answer.get("workflows", [])))
+
+
+def cmd_submit(args: argparse.Namespace, out: Output) -> int:
+    body: dict[str, Any] = {
+        "job_id": job_id_argument(args.job_id),
+        "input": json_object(args.input, "--input"),
+    }
+    if args.workflow_file:
+        body["workflow"] = json_object(f"@{args.workflow_file}", "workflow file")
+    else:
+        body["workflow_name"] = args.workflow_name
+    if args.max_attempts:
+        body["max_attempts"] = args.max_attempts
+    answer = ApiClient(args.url).call("POST", "/v1/workflow-runs", body)
+
+    def render(answer: dict[str, Any]) -> None:
+        job = answer.get("job", {})
+        # proto3 JSON leaves out a false ``created``: absent means the job already existed.
+        created = "submitted" if answer.get("created", False) else "already existed"
+        out.print(
+            f"job [bold]{escape(str(job.get('job_id', body['job_id'])))}[/] {created}: "
+            f"{status_markup(str(job.get('status', '')))}"
+        )
+
+    return _show(out, answer, render)
+
+
+def cmd_get(args: argparse.Namespace, out: Output) -> int:
+    job_id = required(args.job_id, "JOB_ID")
+    answer = ApiClient(args.url).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}")
+    return _show(out, answer, lambda answer: render_job(out, answer.get("job", {})))
+
+
+def cmd_list(args: argparse.Namespace, out: Output) -> int:
+    query = {
+        "status": args.status,
+        "workflow_name": args.name,
+        "limit": args.limit or None,
+        "page_token": args.page_token,
+    }
+    answer = ApiClient(args.url).call("GET", "/v1/workflow-runs", query=query)
+
+    def render(answer: dict[str, Any]) -> None:
+        render_jobs(out, answer.get("jobs", []), str(answer.get("next_page_token", "")))
+
+    return _show(out, answer, render)
+
+
+def cmd_complete(args: argparse.Namespace, out: Output) -> int:
+    job_id, step = required(args.job_id, "JOB_ID"), required(args.step, "STEP")
+    response = json_object(args.response, "--response")
+    path = f"/v1/workflow-runs/{path_segment(job_id)}/steps/{path_segment(step)}:complete"
+    answer = ApiClient(args.url).call("POST", path, {"response": response})
+    if out.as_json:
+        out.json(answer)
+    else:
+        outcome = str(answer.get("outcome", ""))
+        job = answer.get("job", {})
+        style = "green" if outcome == "COMPLETED" else "yellow"
+        out.print(
+            f"[{style}]{escape(outcome)}[/]: {escape(str(answer.get('message', '')))} "
+            f"(job is {status_markup(str(job.get('status', '')))})"
+        )
+    # The verb answered, but the step was not accepted: a script must notice.
+    return 0 if answer.get("outcome") in ("COMPLETED", "ALREADY_DONE") else 1
+
+
+def cmd_outbox_list(args: argparse.Namespace, out: Output) -> int:
+    query = {
+        "status": "FAILED",
+        "job_id": args.job,
+        "limit": args.limit or None,
+        "page_token": args.page_token,
+    }
+    answer = ApiClient(args.url).call("GET", "/v1/outbox", query=query)
+    return _show(out, answer, lambda answer: render_failed_outbox(out, answer))
+
+
+def cmd_outbox_redrive(args: argparse.Namespace, out: Output) -> int:
+    chosen = [bool(args.ids), bool(args.job), bool(args.all)]
+    if sum(chosen) != 1:
+        raise CliError("INVALID_ARGUMENT", "name outbox row ids, or --job ID, or --all (one of)")
+    body: dict[str, Any]
+    if args.ids:
+        body = {"ids": args.ids}
+    elif args.job:
+        body = {"job_id": args.job}
+    else:
+        body = {"all": True}
+    answer = ApiClient(args.url).call("POST", "/v1/outbox:redrive", body)
+
+    def render(answer: dict[str, Any]) -> None:
+        redriven = answer.get("redriven", [])
+        out.print(f"redrove {len(redriven)} outbox row(s) to PENDING")
+        for row in redriven:
+            out.print(f"  #{row.get('id')} job {escape(str(row.get('job_id', '')))}")
+        skipped = answer.get("not_failed", [])
+        if skipped:
+            listed = ", ".join(str(i) for i in skipped)
+            out.print(f"[yellow]not FAILED (left alone)[/]: {escape(listed)}")
+
+    return _show(out, answer, render)
+
+
+def cmd_dlq_list(args: argparse.Namespace, out: Output) -> int:
+    answer = ApiClient(args.url).call("GET", "/v1/requests-dlq", query={"max": args.max})
+    return _show(out, answer, lambda answer: render_dead_letters(out, answer))
+
+
+def _position(text: str) -> dict[str, int]:
+    partition, sep, offset = text.partition(":")
+    if not sep or not partition.isdigit() or not offset.isdigit():
+        raise CliError("INVALID_ARGUMENT", f"--offset takes PARTITION:OFFSET, got {text!r}")
+    return {"partition": int(partition), "offset": int(offset)}
+
+
+def cmd_dlq_redrive(args: argparse.Namespace, out: Output) -> int:
+    if bool(args.offset) == bool(args.all):
+        raise CliError("INVALID_ARGUMENT", "name --offset P:O (repeatable) or --all (one of)")
+    body: dict[str, Any] = (
+        {"positions": [_position(text) for text in args.offset]} if args.offset else {"all": True}
+    )
+    answer = ApiClient(args.url).call("POST", "/v1/requests-dlq:redrive", body)
+
+    def render(answer: dict[str, Any]) -> None:
+        redriven = answer.get("redriven", [])
+        topic = escape(str(answer.get("topic", "")))
+        out.print(f"redrove {len(redriven)} dead letter(s) to {topic}")
+        for message in redriven:
+            who = message.get("job_id") or message.get("key") or "(undecodable)"
+            out.print(f"  {message.get('partition')}:{message.get('offset')} {escape(str(who))}")
+
+    return _show(out, answer, render)
+
+
+def cmd_migrate(args: argparse.Namespace, out: Output) -> int:
+    # Imported here: the verbs that only speak HTTP need neither the store nor the settings.
+    from store.migrate import migrate
+    from streams.settings import Settings
+
+    dsn = args.dsn or Settings.from_env().database_url
+    if not dsn:
+        raise CliError("INVALID_ARGUMENT", "no database: set DATABASE_URL or pass --dsn")
+    applied = asyncio.run(migrate(dsn))
+    if out.as_json:
+        out.json({"applied": applied})
+    elif applied:
+        for name in applied:
+            out.print(f"applied [bold]{escape(name)}[/]")
+    else:
+        out.print("database is up to date")
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace, out: Output) -> int:
+    run_dev_stack = _dev_stack()
+    return run_dev_stack(
+        web_port=args.port, workdir=args.workdir, fresh=args.fresh, console=out.console
+    )
+
+
+def _dev_stack() -> Callable[..., int]:
+    """The embedded stack's entry point; it needs the ``dev`` extra, which a plain
+    install of workflow-jobs leaves out."""
+    try:
+        from devstack.stack import missing_dev_requirements, run_dev_stack
+    except ModuleNotFoundError as exc:
+        missing = [exc.name or "devstack"]
+    else:
+        missing = missing_dev_requirements()
+        if not missing:
+            return run_dev_stack
+    raise CliError(
+        "FAILED_PRECONDITION",
+        f"`wfjobs dev` needs the dev extra ({', '.join(missing)} missing): {DEV_EXTRA_INSTALL}",
+    )
+
+
+# --------------------------------------------------------------------------- parser
+
+
+class _UrlOption(argparse.Action):
+    """``--url``, remembering that it was given: a command that does not use the
+    HTTP API refuses it rather than ignoring it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.url_given = True
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool, url: bool) -> None:
+    # Accepted before or after the subcommand; SUPPRESS keeps a subcommand's
+    # unset option from overwriting what was given before it.
+    if url:
+        default_url = os.environ.get("WFJOBS_URL", DEFAULT_URL) if top else argparse.SUPPRESS
+        parser.add_argument(
+            "--url",
+            action=_UrlOption,
+            default=default_url,
+            help=f"the worker's HTTP API (env WFJOBS_URL, default {DEFAULT_URL})",
+        )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print JSON instead of tables",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"wfjobs {version('workflow-jobs')}"
+    except PackageNotFoundError:
+        return "wfjobs (workflow-jobs is not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wfjobs",
+        description="Durable workflow jobs: submit, inspect and answer jobs; run the dev stack.",
+    )
+    _common(parser, top=True, url=True)
+    parser.add_argument("--version", action="version", version=_version())
+    common = argparse.ArgumentParser(add_help=False)
+    _common(common, top=False, url=True)
+    # migrate, produce, events and dev work from the settings, not the HTTP API.
+    local = argparse.ArgumentParser(add_help=False)
+    _common(local, top=False, url=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, handler: Callable[..., int], help_text: str, *, http: bool = True
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, parents=[common if http else local], help=help_text, description=help_text
+        )
+        sub.set_defaults(handler=handler, uses_url=http)
+        return sub
+
+    migrate = add(
+        "migrate", cmd_migrate, "apply pending database migrations (DATABASE_URL)", http=False
+    )
+    migrate.add_argument("--dsn", help="database to migrate (default: DATABASE_URL)")
+
+    workflows = commands.add_parser("workflows", help="store and read workflow definitions")
+    verbs = workflows.add_subparsers(dest="verb", required=True, metavar="VERB")
+    put = verbs.add_parser("put", parents=[common], help="store a definition from a JSON file")
+    put.add_argument("file", help="the workflow envelope, as JSON")
+    put.add_argument("--name", help="store under this name (default: the file's name field)")
+    put.set_defaults(handler=cmd_workflows_put)
+    get_workflow = verbs.add_parser("get", parents=[common], help="show a stored definition")
+    get_workflow.add_argument("name")
+    get_workflow.set_defaults(handler=cmd_workflows_get)
+    verbs.add_parser("list", parents=[common], help="list stored definitions").set_defaults(
+        handler=cmd_workflows_list
+    )
+
+    submit = add("submit", cmd_submit, "submit a job")
+    source = submit.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workflow-name", help="a stored workflow")
+    source.add_argument("--workflow-file", help="an inline workflow envelope (JSON file)")
+    submit.add_argument(
+        "--input", required=True, help="the input as a JSON object (or @file, or - for stdin)"
+    )
+    submit.add_argument("--job-id", help="a UUID, the idempotency key (default: a new one)")
+    submit.add_argument("--max-attempts", type=int, default=0, help="0 uses the server default")
+
+    get = add("get", cmd_get, "show one job with its checkpoints")
+    get.add_argument("job_id")
+
+    listing = add("list", cmd_list, "list jobs, newest first")
+    listing.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
+    listing.add_argument("--name", help="only jobs of this workflow")
+    listing.add_argument("--limit", type=int, default=0, help="page size (0: 50, at most 500)")
+    listing.add_argument("--page-token", help="the next_page_token of a previous page")
+
+    complete = add("complete", cmd_complete, "answer a job's parked external step")
+    complete.add_argument("job_id")
+    complete.add_argument("step")
+    complete.add_argument(
+        "--response", required=True, help="the step's response as a JSON object (or @file, -)"
+    )
+
+    outbox = commands.add_parser("outbox", help="FAILED outbox rows: list and redrive them")
+    outbox_verbs = outbox.add_subparsers(dest="verb", required=True, metavar="VERB")
+    outbox_list = outbox_verbs.add_parser(
+        "list", parents=[common], help="list FAILED outbox rows, oldest first"
+    )
+    outbox_list.add_argument("--job", help="only this job's rows")
+    outbox_list.add_argument("--limit", type=int, default=0, help="page size (0: 50, at most 500)")
+    outbox_list.add_argument("--page-token", help="the next_page_token of a previous page")
+    outbox_list.set_defaults(handler=cmd_outbox_list)
+    outbox_redrive = outbox_verbs.add_parser(
+        "redrive", parents=[common], help="send FAILED outbox rows to the relay again"
+    )
+    outbox_redrive.add_argument("ids", nargs="*", type=int, metavar="ID", help="outbox row ids")
+    outbox_redrive.add_argument("--job", help="every FAILED row of this job")
+    outbox_redrive.add_argument("--all", action="store_true", help="every FAILED row")
+    outbox_redrive.set_defaults(handler=cmd_outbox_redrive)
+
+    dlq = commands.add_parser("dlq", help="dead-lettered requests: list and redrive them")
+    dlq_verbs = dlq.add_subparsers(dest="verb", required=True, metavar="VERB")
+    dlq_list = dlq_verbs.add_parser(
+        "list", parents=[common], help="list the requests dead-letter topic with the reasons"
+    )
+    dlq_list.add_argument("--max", type=int, help="show at most this many (default 100)")
+    dlq_list.set_defaults(handler=cmd_dlq_list)
+    dlq_redrive = dlq_verbs.add_parser(
+        "redrive", parents=[common], help="produce dead letters to the requests topic again"
+    )
+    dlq_redrive.add_argument(
+        "--offset", action="append", metavar="P:O", help="partition:offset (repeatable)"
+    )
+    dlq_redrive.add_argument("--all", action="store_true", help="every dead letter")
+    dlq_redrive.set_defaults(handler=cmd_dlq_redrive)
+
+    produce = add(
+        "produce", cmd_produce, "produce a WorkflowRunRequest to the requests topic", http=False
+    )
+    produce.add_argument("--workflow-name", required=True)
+    produce.add_argument("--input", required=True, help="a JSON object (or @file, or -)")
+    produce.add_argument("--job-id", help="a UUID (default: a new one)")
+    produce.add_argument("--timeout", type=float, default=30.0, help="delivery timeout, seconds")
+
+    events = add(
+        "events",
+        cmd_events,
+        "print new events from the events topic, deduped by event_id",
+        http=False,
+    )
+    events.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest event, not the newest"
+    )
+    events.add_argument("--job", metavar="ID", help="only this job's events")
+    events.add_argument("--max", type=int, help="stop after this many distinct events")
+    events.add_argument("--timeout", type=float, help="stop after this many seconds")
+
+    dev = add(
+        "dev", cmd_dev, "run Postgres, Tansu and a worker with the sample workflow", http=False
+    )
+    dev.add_argument("--port", type=int, default=defaults.WEB_PORT, help="the worker's HTTP port")
+    dev.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".wfjobs-dev"),
+        help="where Postgres's data and the worker log are kept (default: ./.wfjobs-dev)",
+    )
+    dev.add_argument(
+        "--fresh", action="store_true", help="delete the data kept by earlier runs first"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "url_given", False) and not getattr(args, "uses_url", True):
+        parser.error(f"--url: `wfjobs {args.command}` does not use the HTTP API")
+    out = Output(as_json=args.json)
+    try:
+        result: int = args.handler(args, out)
+        return result
+    except CliError as exc:
+        out.error(exc.code, exc.message)
+    except WorkflowJobsError as exc:
+        out.error(exc.code, exc.message)
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

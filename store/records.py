@@ -1,0 +1,156 @@
+"""What the run store reads and answers: one frozen value per kind of answer.
+
+Plain values, no SQL: the statements are in ``store.run_sql``, the methods that
+run them in ``store.runs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from schemas.verdicts import StepVerdict
+from store.states import Status
+
+StepOutcome = Literal["COMPLETED", "ALREADY_DONE", "WRONG_STATE", "REJECTED"]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One ``workflow_run`` row, every column, with the definition snapshot it names."""
+
+    job_id: UUID
+    workflow_name: str
+    # None only for a job refused at submit (its stored workflow did not exist).
+    # Read from ``workflow_definition_snapshot`` through ``definition_hash``.
+    definition: dict[str, Any] | None
+    definition_hash: str
+    input: dict[str, Any]
+    status: Status
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    outstanding_step: str | None
+    checkpoints: tuple[dict[str, Any], ...]
+    result: dict[str, Any] | None
+    verdict: str | None
+    error: str | None
+    lease_owner: str | None
+    lease_until: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a worker holds while a job is RUNNING; every fenced write names it."""
+
+    job_id: UUID
+    worker_id: str
+    attempt: int
+    # Carried so commit points can build their event without reading the row.
+    workflow_name: str
+    # The row's fencing token for this claim; unlike ``attempt`` it never repeats.
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentProgress:
+    """What a lease renewal says about the segment it renews the lease for."""
+
+    # Steps this segment started or checkpointed so far; the database only
+    # moves the row's progress time when this changes.
+    mark: int
+    # Seconds since the segment last made progress, on the worker's clock: the
+    # first report of a segment dates its progress back by this much.
+    idle_s: float
+    # The workflow's deadlineMs, in seconds. A segment without progress for this
+    # plus the lease is stalled: no renewal extends it, the sweeper requeues it.
+    deadline_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    job: Job
+    lease: Lease
+    # The definition snapshot, never None for a claimable job.
+    definition: dict[str, Any]
+
+    @property
+    def job_id(self) -> UUID:
+        return self.job.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    job: Job
+    # False when a job with this job_id already existed; nothing was written.
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOutcome:
+    # QUEUED (retry later) or DEAD (no attempt left).
+    status: Status
+    attempt: int
+    max_attempts: int
+    # When the job becomes claimable again (QUEUED); unchanged when DEAD.
+    run_after: datetime
+
+    @property
+    def dead(self) -> bool:
+        return self.status is Status.DEAD
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    requeued: int
+    dead: int
+    # Of those requeued or DEAD, how many were taken for a stalled segment
+    # (renewed, but without progress past deadline plus lease) rather than an
+    # expired lease.
+    stalled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteStepResult:
+    outcome: StepOutcome
+    job: Job
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What list-jobs shows of a job: its state, none of its payloads.
+
+    No definition, input, checkpoints or result: those can be megabytes per
+    job, and a page of summaries must stay small. ``RunStore.get`` has them.
+    """
+
+    job_id: UUID
+    workflow_name: str
+    status: Status
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    outstanding_step: str | None
+    verdict: str | None
+    error: str | None
+    lease_owner: str | None
+    lease_until: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: tuple[JobSummary, ...]
+    # Empty when there is no further page.
+    next_page_token: str
+
+
+# ``RunStore.complete_step``'s gate: (definition snapshot, response) -> verdict.
+StepVerifier = Callable[[dict[str, Any], dict[str, Any]], StepVerdict]

@@ -1,0 +1,434 @@
+"""Every statement the run store sends, each a named constant.
+
+Statements are written out whole, in the order of a job's life: submit, claim,
+the fenced writes of a running job, the sweeper, complete-step, reads. Only a
+few named pieces are composed in, because every statement must agree on them:
+the ``Job`` columns, the fence of a worker's lease, and status literals, which
+come from the state machine (``store.states``) through the transitions below,
+so a move the machine does not allow fails at import.
+
+A commit point changes the row and inserts its event in the same statement (a
+data-modifying CTE): when the row does not match, nothing changes and no event
+is written.
+"""
+
+from __future__ import annotations
+
+from store.states import Status, transition
+
+# --------------------------------------------------------------------------- pieces
+
+JOB_COLUMNS = (
+    "job_id",
+    "workflow_name",
+    "workflow_definition",
+    "definition_hash",
+    "input",
+    "status",
+    "attempt",
+    "max_attempts",
+    "run_after",
+    "outstanding_step",
+    "checkpoints",
+    "result",
+    "verdict",
+    "error",
+    "lease_owner",
+    "lease_until",
+    "created_at",
+    "updated_at",
+)
+# Plain names, for reading a CTE that returned a job's columns.
+_COLUMNS = ", ".join(JOB_COLUMNS)
+
+
+def _job_columns(table: str, *, definition: str = "") -> str:
+    """The ``Job`` columns read from ``table``, the definition through its hash.
+
+    A row holds no definition, only the hash of its snapshot (migration 0008):
+    one primary-key lookup per job reads it back. ``definition`` puts another
+    expression in that lookup's place.
+    """
+    definition = definition or (
+        "(SELECT s.definition FROM workflow_definition_snapshot AS s"
+        f" WHERE s.hash = {table}.definition_hash)"
+    )
+    return ", ".join(
+        f"{definition} AS {column}" if column == "workflow_definition" else f"{table}.{column}"
+        for column in JOB_COLUMNS
+    )
+
+
+# What list-jobs reads: the columns of ``JobSummary``, in its order.
+SUMMARY_COLUMNS = (
+    "job_id",
+    "workflow_name",
+    "status",
+    "attempt",
+    "max_attempts",
+    "run_after",
+    "outstanding_step",
+    "verdict",
+    "error",
+    "lease_owner",
+    "lease_until",
+    "created_at",
+    "updated_at",
+)
+
+# Submits share this lock on a snapshot's hash with retention, which takes it
+# exclusively before deleting a snapshot no job names (store/retention.py). A
+# submit holds it from before it finds or writes the snapshot until it
+# commits, so a snapshot cannot vanish between a submit finding it and its job
+# row becoming visible. Two-key advisory locks: (this class, hashtext(hash)).
+SNAPSHOT_LOCK_CLASS = 0x77666A08
+
+
+def _lit(status: str) -> str:
+    # Statuses are inlined rather than bound: a partial index (the claim's is
+    # WHERE status = QUEUED) can only serve a plan that sees the literal.
+    return f"'{Status(status).value}'"
+
+
+# Every move a store method makes, checked against the state machine at import.
+CLAIM = transition(Status.QUEUED, Status.RUNNING)
+PARK = transition(Status.RUNNING, Status.WAITING)
+COMPLETE = transition(Status.RUNNING, Status.COMPLETED)
+FAIL = transition(Status.RUNNING, Status.FAILED)
+RETRY = transition(Status.RUNNING, Status.QUEUED)
+GIVE_UP = transition(Status.RUNNING, Status.DEAD)
+EXHAUSTED = transition(Status.QUEUED, Status.DEAD)
+RESUME = transition(Status.WAITING, Status.QUEUED)
+REJECT = transition(Status.WAITING, Status.FAILED)
+
+# The fence every write a worker makes names: its lease. Fenced writes only ever
+# touch a RUNNING row, as the lease exists only there.
+_FENCE = (
+    f"job_id = %(job_id)s AND status = {_lit(Status.RUNNING)}"
+    " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s AND lease_token = %(token)s"
+)
+
+# --------------------------------------------------------------------------- submit
+
+# Submit and refuse-at-submit share one statement: insert the row unless the
+# job_id exists, write its event only if the row was inserted, and answer with
+# whichever row now stands. The second branch reads the statement's snapshot,
+# so a concurrent submit of the same id can make both branches empty; the
+# caller then simply asks again.
+#
+# The definition is stored once per hash: the snapshot is written unless it
+# exists (or the job does), under the submit's share of the snapshot lock; the
+# lock's CTE feeds the snapshot's insert, so it is taken before the insert
+# looks for a conflict. A new row does not read its definition back (the
+# caller has it), so a submit never ships the snapshot twice.
+SUBMIT_SQL = f"""
+WITH snapshot_lock AS (
+    SELECT pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(%(definition_hash)s))
+), snapshot AS (
+    INSERT INTO workflow_definition_snapshot (hash, definition)
+    SELECT %(definition_hash)s, %(definition)s::jsonb FROM snapshot_lock
+     WHERE %(definition)s::jsonb IS NOT NULL
+       AND NOT EXISTS (SELECT FROM workflow_run WHERE job_id = %(job_id)s)
+    ON CONFLICT (hash) DO NOTHING
+), inserted AS (
+    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
+                              input, status, max_attempts, error, run_after)
+    VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
+            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now())
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
+), event AS (
+    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+    SELECT job_id, %(event_type)s, %(payload)s FROM inserted
+)
+SELECT true, {_COLUMNS} FROM inserted
+UNION ALL
+SELECT false, {_job_columns("workflow_run")} FROM workflow_run
+ WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
+"""
+
+# --------------------------------------------------------------------------- claim
+
+# Sent before the claim, in its transaction and the same round trip. The claim
+# index matches the claim's ORDER BY, but whenever the statistics say nothing is
+# QUEUED (the last analyze saw a caught-up queue; a burst arrived since) the
+# planner costs every scan at one row and may find another index plus a Sort a
+# hair cheaper: that plan reads and sorts the whole backlog on every claim, so
+# a claim costs more the longer the queue (0.9 ms against 0.2 ms per claim in
+# the peers benchmark). Without Sort the only plan left reads the claim index
+# in order and stops after ``limit`` rows, whatever the statistics say.
+CLAIM_PLANNER_SQL = "SET LOCAL enable_sort = off"
+
+# The claim, whole: the oldest eligible row is locked (skipping rows another
+# claimer holds) and flipped to RUNNING with its lease in the same statement.
+# Each claimed row's definition comes back through its hash, one primary-key
+# lookup per row after the pick: the pick itself is unchanged.
+CLAIM_SQL = f"""
+WITH picked AS (
+    SELECT job_id FROM workflow_run
+     WHERE status = {_lit(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
+     ORDER BY run_after, created_at
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_run AS r
+   SET status = {_lit(CLAIM[1])},
+       lease_owner = %(worker_id)s,
+       lease_until = now() + %(lease_s)s * interval '1 second',
+       attempt = r.attempt + 1,
+       lease_token = r.lease_token + 1,
+       updated_at = now()
+  FROM picked
+ WHERE r.job_id = picked.job_id
+RETURNING {_job_columns("r")}, r.lease_token
+"""
+
+# --------------------------------------------------------------------------- fenced writes
+
+EXTEND_LEASE_SQL = f"""
+UPDATE workflow_run
+   SET lease_until = now() + %(lease_s)s * interval '1 second', updated_at = now()
+ WHERE {_FENCE}
+RETURNING lease_until
+"""
+
+# A renewal that reports its segment's progress (see migration 0009). The
+# progress time moves only when the mark does, so a renewer that keeps
+# reporting the same mark cannot keep the job: once its stall_at has passed,
+# the renewal changes nothing and the sweeper takes the row.
+_RENEWED_PROGRESS_AT = (
+    "CASE WHEN progress_token = %(token)s AND progress_mark = %(mark)s THEN progress_at"
+    " ELSE now() - %(idle_s)s * interval '1 second' END"
+)
+RENEW_SEGMENT_SQL = f"""
+UPDATE workflow_run
+   SET lease_until = now() + %(lease_s)s * interval '1 second',
+       progress_token = %(token)s,
+       progress_mark = %(mark)s,
+       progress_at = {_RENEWED_PROGRESS_AT},
+       stall_at = {_RENEWED_PROGRESS_AT}
+                  + (%(deadline_s)s + %(lease_s)s) * interval '1 second',
+       updated_at = now()
+ WHERE {_FENCE}
+   AND NOT (progress_token IS NOT DISTINCT FROM %(token)s
+            AND progress_mark IS NOT DISTINCT FROM %(mark)s
+            AND stall_at <= now())
+RETURNING lease_until
+"""
+
+# The entry is appended server-side: the array is never shipped back and forth.
+CHECKPOINT_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job_id, %(event_type)s, %(payload)s FROM changed
+RETURNING id
+"""
+
+PARK_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(PARK[1])}, outstanding_step = %(step_name)s, lease_until = NULL,
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job_id, %(event_type)s, %(payload)s FROM changed
+RETURNING id
+"""
+
+COMPLETE_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(COMPLETE[1])}, result = %(result)s, verdict = %(verdict)s,
+           error = NULL, outstanding_step = NULL, lease_until = NULL,
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job_id, %(event_type)s, %(payload)s FROM changed
+RETURNING id
+"""
+
+FAIL_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(FAIL[1])}, verdict = %(verdict)s, error = %(error)s, lease_until = NULL,
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job_id, %(event_type)s, %(payload)s FROM changed
+RETURNING id
+"""
+
+# Backoff and the decision between QUEUED and DEAD both read the row's own
+# attempt counters, under the row lock, against the database clock. The DEAD
+# event is prepared by the caller and only inserted when the row went DEAD.
+RETRY_OR_DIE_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = CASE WHEN attempt < max_attempts
+                         THEN {_lit(RETRY[1])} ELSE {_lit(GIVE_UP[1])} END,
+           run_after = CASE WHEN attempt < max_attempts
+                            THEN now() + %(base_s)s * power(2, attempt - 1) * interval '1 second'
+                            ELSE run_after END,
+           lease_owner = CASE WHEN attempt < max_attempts THEN NULL ELSE lease_owner END,
+           lease_until = NULL,
+           error = %(error)s,
+           updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id, status, attempt, max_attempts, run_after
+), event AS (
+    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed WHERE status = {_lit(GIVE_UP[1])}
+)
+SELECT status, attempt, max_attempts, run_after FROM changed
+"""
+
+# No event: the attempt is given back and the job simply waits for a claim.
+HAND_BACK_SQL = f"""
+UPDATE workflow_run
+   SET status = {_lit(RETRY[1])}, attempt = attempt - 1, run_after = now(),
+       lease_owner = NULL, lease_until = NULL, updated_at = now()
+ WHERE {_FENCE}
+RETURNING job_id
+"""
+
+# --------------------------------------------------------------------------- sweeper
+
+# The sweeper's clock: the database's, unless the caller names the instant
+# (tests judge rows at a later time instead of waiting for it).
+_SWEEP_NOW = "coalesce(%(now)s::timestamptz, now())"
+
+# RUNNING rows whose lease expired, or whose segment stalled: renewed, but
+# without progress past its deadline plus the lease. A stall only counts when
+# the current claim reported it (progress_token = lease_token).
+SELECT_EXPIRED_SQL = f"""
+SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
+       lease_until >= {_SWEEP_NOW} AS stalled
+  FROM workflow_run
+ WHERE status = {_lit(GIVE_UP[0])}
+   AND (lease_until < {_SWEEP_NOW}
+        OR (stall_at < {_SWEEP_NOW} AND progress_token = lease_token))
+ ORDER BY lease_until
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+SELECT_EXHAUSTED_SQL = f"""
+SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
+  FROM workflow_run
+ WHERE status = {_lit(EXHAUSTED[0])} AND attempt >= max_attempts
+ ORDER BY job_id
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+# The attempt that expired stays counted: a worker still running it must
+# never match a later claim's lease.
+SWEEP_REQUEUE_SQL = f"""
+UPDATE workflow_run AS r
+   SET status = {_lit(RETRY[1])}, run_after = now(), lease_owner = NULL, lease_until = NULL,
+       error = swept.error, updated_at = now()
+  FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[]) AS swept(job_id, error)
+ WHERE r.job_id = swept.job_id AND r.status = {_lit(RETRY[0])}
+"""
+
+SWEEP_DEAD_SQL = f"""
+WITH swept AS (
+    SELECT * FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[], %(payloads)s::bytea[])
+        AS swept(job_id, error, payload)
+), changed AS (
+    UPDATE workflow_run AS r
+       SET status = {_lit(GIVE_UP[1])}, lease_until = NULL, error = swept.error, updated_at = now()
+      FROM swept
+     WHERE r.job_id = swept.job_id AND r.status IN ({_lit(GIVE_UP[0])}, {_lit(EXHAUSTED[0])})
+    RETURNING r.job_id
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT swept.job_id, %(event_type)s, swept.payload
+  FROM swept JOIN changed USING (job_id)
+"""
+
+# --------------------------------------------------------------------------- complete-step
+
+LOCK_JOB_SQL = f"""
+SELECT {_job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
+   FOR UPDATE
+"""
+
+# The resume gives the parked attempt back (see ``store.runs``).
+ACCEPT_STEP_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(RESUME[1])},
+           checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+           outstanding_step = NULL, run_after = now(),
+           attempt = greatest(attempt - 1, 0),
+           lease_owner = NULL, lease_until = NULL, updated_at = now()
+     WHERE job_id = %(job_id)s AND status = {_lit(RESUME[0])}
+    RETURNING {_job_columns("workflow_run")}
+), event AS (
+    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed
+)
+SELECT {_COLUMNS} FROM changed
+"""
+
+REJECT_STEP_SQL = f"""
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
+           updated_at = now()
+     WHERE job_id = %(job_id)s AND status = {_lit(REJECT[0])}
+    RETURNING {_job_columns("workflow_run")}
+), event AS (
+    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+    SELECT job_id, %(event_type)s, %(payload)s FROM changed
+)
+SELECT {_COLUMNS} FROM changed
+"""
+
+# --------------------------------------------------------------------------- reads
+
+SELECT_JOB_SQL = f"""
+SELECT {_job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
+"""
+
+# The backlog for admission control, counted no further than the cap: the claim
+# index is partial on QUEUED, so this reads at most ``limit`` index entries.
+COUNT_QUEUED_SQL = f"""
+SELECT count(*) FROM (
+    SELECT 1 FROM workflow_run WHERE status = {_lit(Status.QUEUED)} LIMIT %(limit)s
+) AS backlog
+"""
+
+
+def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool) -> str:
+    """Newest first, with whichever filters and cursor the call uses.
+
+    Summaries only (``SUMMARY_COLUMNS``): the payload columns are never read,
+    so a page costs the same whatever its jobs carry.
+    """
+    conditions = []
+    if by_status:
+        conditions.append("status = %(status)s")
+    if by_name:
+        conditions.append("workflow_name = %(workflow_name)s")
+    if after:
+        # A row comparison the (created_at DESC, job_id DESC) indexes serve.
+        conditions.append("(created_at, job_id) < (%(after_created_at)s, %(after_job_id)s)")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (
+        f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM workflow_run{where}"
+        " ORDER BY created_at DESC, job_id DESC LIMIT %(limit)s"
+    )

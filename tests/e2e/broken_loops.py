@@ -1,0 +1,53 @@
+"""Breaks one long-lived loop of a worker process on demand, for the crash test.
+
+Named in ``WFJOBS_HANDLERS`` after ``tests.e2e.handlers``. On import it wraps
+one pass of the loop named by ``WFJOBS_E2E_BROKEN_LOOP`` (``sweeper``,
+``claims`` for the claim watchdog, ``relay``); from the moment the file named
+by ``WFJOBS_E2E_BREAK_FILE`` exists, that pass raises ``InjectedDefect``, an
+error no loop expects. Until then the process runs as usual, so the test first
+sees it healthy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from streams.claims import ClaimLoops
+from streams.relay import OutboxRelay
+from streams.sweeper import Sweeper
+
+LOOP_ENV = "WFJOBS_E2E_BROKEN_LOOP"
+TRIGGER_ENV = "WFJOBS_E2E_BREAK_FILE"
+MESSAGE = "injected defect in the {loop} loop"
+
+
+class InjectedDefect(Exception):
+    """Stands for a bug: neither an outage nor anything else a loop retries."""
+
+
+def _armed() -> bool:
+    trigger = os.environ.get(TRIGGER_ENV, "")
+    return bool(trigger) and Path(trigger).exists()
+
+
+def _break(loop: str) -> None:
+    owner: type[Any]
+    owner, method = {
+        "sweeper": (Sweeper, "sweep_once"),
+        "claims": (ClaimLoops, "watch_once"),
+        "relay": (OutboxRelay, "relay_once"),
+    }[loop]
+    original = getattr(owner, method)
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _armed():
+            raise InjectedDefect(MESSAGE.format(loop=loop))
+        return original(self, *args, **kwargs)
+
+    setattr(owner, method, broken)
+
+
+if os.environ.get(LOOP_ENV):
+    _break(os.environ[LOOP_ENV])

@@ -1,0 +1,280 @@
+"""Compilation: a definition envelope in, an immutable :class:`CompiledWorkflow` out.
+
+Compilation resolves every method and message type in the descriptor set,
+compiles every CEL rule and checks it against the types in scope, so a
+definition that compiles cannot fail later for a reason visible in the
+definition alone. The envelope's own shape is checked by ``workflows.envelope``,
+part by part, in envelope order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import protovalidate
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
+
+from workflows import descriptors
+from workflows.codec import Codecs
+from workflows.envelope import (
+    STEP_KEYS,
+    TOP_KEYS,
+    DefinitionError,
+    definition_hash,
+    descriptor_set_base64,
+    is_external,
+    only_keys,
+    parse_deadline,
+    parse_name,
+    parse_target,
+    raw_steps,
+    required,
+    rule_texts,
+    step_names,
+)
+from workflows.protojson import describe_value, descriptor_of, message_class
+from workflows.rules import (
+    Explain,
+    Probes,
+    Rule,
+    RuleError,
+    check_rule,
+    make_rule,
+    make_setter,
+    resolve_assignment_target,
+    split_assignment,
+)
+from workflows.steps import CompiledWorkflow, Step, first_line
+
+
+def compile_definition(envelope: Any, *, digest: str | None = None) -> CompiledWorkflow:
+    """Parse, resolve and compile a definition envelope; raise :class:`DefinitionError`."""
+    if not isinstance(envelope, Mapping):
+        raise DefinitionError(
+            f"a workflow definition must be a JSON object, got {describe_value(envelope)}"
+        )
+    digest = digest or definition_hash(envelope)
+    only_keys(envelope, TOP_KEYS, "definition", "")
+    name = parse_name(envelope)
+    encoded = descriptor_set_base64(envelope)
+    try:
+        schema = descriptors.load(encoded)
+    except descriptors.DescriptorSetError as exc:
+        raise DefinitionError(
+            f"schema.descriptorSetBase64: {exc}", path="schema.descriptorSetBase64"
+        ) from None
+    input_name = required(envelope, "inputType", "definition", "")
+    try:
+        input_descriptor = schema.message(input_name)
+    except descriptors.DescriptorSetError as exc:
+        raise DefinitionError(f"inputType: {exc}", path="inputType") from None
+    deadline_ms = parse_deadline(envelope.get("deadlineMs"))
+
+    validator = protovalidate.Validator() if schema.uses_protovalidate else None
+    envelope_steps = raw_steps(envelope)
+    names = step_names(envelope_steps)
+
+    probes = Probes()
+    codecs = Codecs()
+    env: dict[str, Descriptor] = {"input": input_descriptor}
+    steps: list[Step] = []
+    for index, raw in enumerate(envelope_steps):
+        step = _compile_step(index, raw, names, schema, env, probes, validator, codecs)
+        steps.append(step)
+        env[step.name] = descriptor_of(step.response_type)
+
+    output = _compile_output(envelope.get("output"), env, probes)
+    input_type = message_class(input_descriptor)
+    if validator is not None:
+        _precheck_validator(validator, input_type, "inputType")
+        for step in steps:
+            _precheck_validator(validator, step.response_type, f"steps[{step.index}] {step.name!r}")
+    return CompiledWorkflow(
+        name=name,
+        definition_hash=digest,
+        input_type=input_type,
+        steps=tuple(steps),
+        output=output,
+        deadline_ms=deadline_ms,
+        schema=schema,
+        validator=validator,
+        input_codec=codecs.of(input_descriptor),
+        _by_name={step.name: step for step in steps},
+    )
+
+
+def _precheck_validator(
+    validator: protovalidate.Validator, message_type: type[Message], where: str
+) -> None:
+    # Broken rules in the descriptor set would otherwise surface on the first job.
+    try:
+        validator.collect_violations(message_type())
+    except Exception as exc:
+        raise DefinitionError(
+            f"{where}: the protovalidate rules on {message_type.DESCRIPTOR.full_name} "
+            f"do not compile: {first_line(exc)}"
+        ) from None
+
+
+def _compile_rules(
+    value: Any, where: str, path: str, compile_one: Callable[[int, str], Rule]
+) -> tuple[Rule, ...]:
+    """Compile each rule under one key; a RuleError comes out quoting the rule and its place."""
+    rules: list[Rule] = []
+    for position, text in enumerate(rule_texts(value, where, path)):
+        try:
+            rules.append(compile_one(position, text))
+        except RuleError as exc:
+            raise DefinitionError(
+                f"{where}[{position}] `{text.strip()}`: {exc}", path=f"{path}[{position}]"
+            ) from None
+    return tuple(rules)
+
+
+def _assignment_compiler(
+    env: Mapping[str, Descriptor],
+    probes: Probes,
+    explain: Explain,
+    request: Descriptor | None = None,
+) -> Callable[[int, str], Rule]:
+    """Compiles ``field = expression`` rules, refusing two that assign the same field.
+
+    With ``request`` they build that message (a step's mapping); without, the
+    job's result (the output mapping).
+    """
+    assigned: dict[tuple[str, ...], int] = {}
+    target_class = message_class(request) if request is not None else None
+
+    def compile_one(position: int, text: str) -> Rule:
+        target_path, expression = split_assignment(text)
+        if request is not None:
+            problem = resolve_assignment_target(request, target_path)
+            if problem is not None:
+                raise RuleError(f"request {problem}")
+        _check_overlap(target_path, assigned, position)
+        assigned[target_path] = position
+        rule = make_rule(text.strip(), expression, env, target_path)
+        check_rule(rule, env, probes, explain_unknown=explain, target_class=target_class)
+        return rule
+
+    return compile_one
+
+
+def _compile_step(
+    index: int,
+    raw: Mapping[Any, Any],
+    names: list[str],
+    schema: descriptors.Schema,
+    env: dict[str, Descriptor],
+    probes: Probes,
+    validator: protovalidate.Validator | None,
+    codecs: Codecs,
+) -> Step:
+    name = names[index]
+    where = f"steps[{index}] {name!r}"
+    path = f"steps[{index}]"
+    only_keys(raw, STEP_KEYS, where, path)
+    method_text = required(raw, "method", where, path)
+    try:
+        method = schema.method(method_text)
+    except descriptors.DescriptorSetError as exc:
+        raise DefinitionError(f"{where}.method: {exc}", path=f"{path}.method") from None
+    external = is_external(raw.get("completion"), where, path)
+    target = parse_target(raw.get("target"), where, path)
+    request_type = message_class(method.input_type)
+    response_type = message_class(method.output_type)
+
+    later = set(names[index + 1 :])
+
+    def explain(unknown: str, *, validating: bool) -> str:
+        if unknown in later:
+            return (
+                f"refers to step {unknown!r}, which runs after this one; "
+                "a step's rules see input and earlier steps only"
+            )
+        if unknown == name and not validating:
+            return (
+                f"refers to its own step {name!r}; mapping rules build the request, "
+                "before there is a response"
+            )
+        if unknown == "response" and not validating:
+            return "uses `response`, which only validate rules see"
+        in_scope = ", ".join(list(env) + (["response", name] if validating else []))
+        return f"refers to {unknown!r}, which is not in scope; in scope: {in_scope}"
+
+    rules = _compile_rules(
+        raw.get("rules"),
+        f"{where}, rules",
+        f"{path}.rules",
+        _assignment_compiler(
+            env,
+            probes,
+            lambda unknown: explain(unknown, validating=False),
+            request=method.input_type,
+        ),
+    )
+
+    validate_env = {**env, name: method.output_type, "response": method.output_type}
+
+    def compile_check(position: int, text: str) -> Rule:
+        expression = text.strip()
+        rule = make_rule(expression, expression, validate_env)
+        check_rule(
+            rule,
+            validate_env,
+            probes,
+            explain_unknown=lambda unknown: explain(unknown, validating=True),
+            boolean=True,
+        )
+        return rule
+
+    checks = _compile_rules(
+        raw.get("validate"), f"{where}, validate", f"{path}.validate", compile_check
+    )
+    # Judging a complete-step response needs the job's input and checkpoints only then.
+    reads_scope = any(variable in env for rule in checks for variable in rule.program.variables())
+
+    return Step(
+        index=index,
+        name=name,
+        target=target,
+        method=method_text,
+        external=external,
+        request_type=request_type,
+        response_type=response_type,
+        rules=rules,
+        validate=checks,
+        reads_scope=reads_scope,
+        validator=validator,
+        setters=tuple(make_setter(method.input_type, rule.target) for rule in rules),
+        request_codec=codecs.of(method.input_type),
+        response_codec=codecs.of(method.output_type),
+    )
+
+
+def _check_overlap(
+    path: tuple[str, ...], assigned: Mapping[tuple[str, ...], int], position: int
+) -> None:
+    for other, other_position in assigned.items():
+        shorter = min(len(path), len(other))
+        if path[:shorter] == other[:shorter]:
+            if path == other:
+                raise RuleError(
+                    f"assigns {'.'.join(path)!r}, which rules[{other_position}] already assigns"
+                )
+            raise RuleError(
+                f"assigns {'.'.join(path)!r}, which overlaps {'.'.join(other)!r} "
+                f"assigned by rules[{other_position}]"
+            )
+
+
+def _compile_output(value: Any, env: dict[str, Descriptor], probes: Probes) -> tuple[Rule, ...]:
+    def explain(unknown: str) -> str:
+        return (
+            f"refers to {unknown!r}, which is neither the input nor a step; "
+            f"in scope: {', '.join(env)}"
+        )
+
+    return _compile_rules(value, "output", "output", _assignment_compiler(env, probes, explain))

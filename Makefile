@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
 .PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers kafka clean
 
+# pip only installs uv, whose pip-compatible installer does the rest several
+# times faster.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,12 +31,20 @@ check-generated: $(STAMP)
 # Postgres and a real Apache Kafka the suite starts itself, once, shared by
 # PYTEST_WORKERS processes (the end-to-end tests mostly wait on I/O). A module
 # runs on one worker, so its module-scoped servers start once; the longest
-# modules go first (tests/conftest.py). pytest's exit code 5 (no test ran)
+# modules go first (tests/conftest.py). mypy checks the types while the tests
+# run, and the target fails if either does. pytest's exit code 5 (no test ran)
 # fails the target like any other.
-PYTEST_WORKERS ?= 4
-test: lint typecheck check-generated
+PYTEST_WORKERS ?= 6
+# Compiled up front, the tests' worker and CLI subprocesses load bytecode
+# instead of compiling every module at each start, PYTHONDONTWRITEBYTECODE or not.
+test: lint check-generated
+	$(BIN)/python -m compileall -q $(SOURCES) tests
+	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
 	$(BIN)/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		--durations=15
+		--durations=15; tests=$$?; \
+	wait $$typing; types=$$?; \
+	echo "mypy:"; cat $(VENV)/mypy.log; \
+	test $$tests -eq 0 && test $$types -eq 0
 
 # Unit tests only: no services.
 test-fast: $(STAMP)
@@ -48,7 +59,7 @@ bench: $(STAMP)
 
 # Side by side with pgqueuer, procrastinate and a bare SKIP LOCKED queue, on one Postgres.
 bench-peers: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,test,bench]'
+	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test,bench]'
 	$(BIN)/python -m benchmarks.peers
 
 # A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.

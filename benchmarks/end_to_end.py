@@ -4,9 +4,10 @@
 
 Postgres (``DATABASE_URL``, else embedded) and Apache Kafka
 (``KAFKA_BOOTSTRAP_SERVERS``, else the project's own broker) come from
-:mod:`devstack.services`; the worker is the real ``faust -A streams.app worker``
-process with every role. The workflow is the sample tokenize -> embed -> review
-with the review answered in-process, so every job has five commit points
+:mod:`devstack.postgres` and :mod:`devstack.apache_kafka`; the worker is the
+real ``faust -A streams.app worker`` process with every role. The workflow is
+the sample tokenize -> embed -> review with the review answered in-process, so
+every job has five commit points
 (ACCEPTED, three STEP_CHECKPOINTs, COMPLETED), each an outbox row published to
 Kafka.
 
@@ -43,11 +44,15 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.http import ApiClient
-from devstack.services import ApacheKafkaService, PostgresService, free_port
+from devstack.apache_kafka import ApacheKafkaService
+from devstack.postgres import PostgresService
+from devstack.processes import free_port
 from devstack.stack import WorkerProcess, ensure_topics, worker_environment
 from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder
 from store.migrate import migrate
+from store.tokens import create_token
+from streams.auth import SCOPES
 from workflows.samples import HANDLER_MODULE, automatic_workflow
 
 WORKFLOW_NAME = "bench-embed-review"
@@ -232,7 +237,8 @@ def run(args: argparse.Namespace, console: Console) -> Result:
                 )
                 worker.start()
                 workers.append(worker)
-        apis = [ApiClient(worker.url) for worker in workers]
+        token = asyncio.run(create_token(dsn, "bench", SCOPES)).token
+        apis = [ApiClient(worker.url, token=token) for worker in workers]
         apis[0].call("PUT", f"/v1/workflows/{WORKFLOW_NAME}", {"workflow": bench_workflow()})
 
         watcher = EventWatcher(kafka.bootstrap_servers, topics["WFJOBS_EVENTS_TOPIC"], args.jobs)

@@ -76,7 +76,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from devstack.services import ApacheKafkaService, PostgresService, ServiceError
+from devstack.apache_kafka import ApacheKafkaService
+from devstack.postgres import PostgresService
+from devstack.processes import ServiceError
 
 if TYPE_CHECKING:
     from streams.runtime import Runtime

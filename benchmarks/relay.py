@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from devstack.services import ApacheKafkaService, PostgresService
+    from devstack.apache_kafka import ApacheKafkaService
+    from devstack.postgres import PostgresService
 
     implementations = {"after": ROOT}
     if args.before is not None:

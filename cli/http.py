@@ -1,12 +1,19 @@
-"""The worker's HTTP API as the command line calls it: JSON in, JSON out."""
+"""The worker's HTTP API as the command line calls it: JSON in, JSON out.
+
+Every call carries the token ``find_token`` finds: ``WFJOBS_TOKEN``, else the
+file ``WFJOBS_TOKEN_FILE`` names, else the development token ``wfjobs dev``
+wrote under ``.wfjobs-dev`` in the current directory.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
@@ -14,14 +21,39 @@ from schemas import defaults
 
 DEFAULT_URL = defaults.API_URL
 HTTP_TIMEOUT_S = 30.0
+TOKEN_ENV = "WFJOBS_TOKEN"
+TOKEN_FILE_ENV = "WFJOBS_TOKEN_FILE"
+
+
+def find_token(environ: Mapping[str, str] | None = None) -> str:
+    """The token to send, or "" when there is none anywhere we look."""
+    environ = os.environ if environ is None else environ
+    token = environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    named = environ.get(TOKEN_FILE_ENV, "").strip()
+    path = Path(named) if named else Path(defaults.DEV_TOKEN_FILE)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        if named:
+            raise CliError("INVALID_ARGUMENT", f"{TOKEN_FILE_ENV}: no such file {named}") from None
+        return ""
+    except OSError as exc:
+        raise CliError("INVALID_ARGUMENT", f"cannot read the token file {path}: {exc}") from None
 
 
 class ApiClient:
     """The verbs over HTTP: JSON in, JSON out, errors as :class:`CliError`."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, *, token: str | None = None, timeout_s: float = HTTP_TIMEOUT_S
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.token = find_token() if token is None else token
         self.timeout_s = timeout_s
+        # Response headers of the last call (an ETag, say).
+        self.headers: Mapping[str, str] = {}
 
     def call(
         self,
@@ -29,6 +61,7 @@ class ApiClient:
         path: str,
         body: Mapping[str, Any] | None = None,
         query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         url = self.base_url + path
         params = {key: value for key, value in (query or {}).items() if value not in (None, "")}
@@ -39,11 +72,23 @@ class ApiClient:
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 payload = response.read()
+                self.headers = dict(response.headers.items())
         except urllib.error.HTTPError as exc:
-            raise _http_error(exc) from None
+            error = _http_error(exc)
+            if error.code == "UNAUTHENTICATED" and not self.token:
+                error = CliError(
+                    error.code,
+                    f"{error.message} (no token found: set {TOKEN_ENV} or {TOKEN_FILE_ENV}, or "
+                    f"run `wfjobs dev` here, which writes {defaults.DEV_TOKEN_FILE})",
+                )
+            raise error from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(

@@ -1,7 +1,10 @@
 """The verbs that speak Kafka themselves: ``produce`` and ``events``.
 
 They read the worker's settings (``KAFKA_BOOTSTRAP_SERVERS``, the topics,
-``WFJOBS_SCHEMA_REGISTRY_URL``...) rather than the HTTP API.
+``WFJOBS_SCHEMA_REGISTRY_URL``, the ``WFJOBS_KAFKA_*`` security settings and the
+registry's credentials...) rather than the HTTP API, so they reach Kafka and the
+registry exactly as the workers do. Credentials the broker refuses end the
+command at once with the settings to check, instead of a delivery timeout.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
@@ -37,6 +40,34 @@ QUIET_CLIENT: Mapping[str, Any] = {"log_level": 0}
 # librdkafka's default, and what a broker accepts by default: a request above it
 # is refused before anything is sent.
 PRODUCE_MAX_BYTES = 1_000_000
+# How often a command waiting on the broker looks for refused credentials.
+_WATCH_S = 0.2
+
+
+class _Refusals:
+    """librdkafka's ``error_cb``: keeps the first error that is the settings' fault."""
+
+    def __init__(self, explain: Callable[[Any, str], str | None], servers: str) -> None:
+        self._explain = explain
+        self._servers = servers
+        self.reason = ""
+
+    def __call__(self, error: Any) -> None:
+        explained = self._explain(error, self._servers)
+        if explained is not None and not self.reason:
+            self.reason = explained
+
+    def check(self) -> None:
+        if self.reason:
+            raise CliError("UNAUTHENTICATED", self.reason)
+
+
+def _client_config(settings: Settings) -> tuple[dict[str, Any], _Refusals]:
+    """bootstrap.servers, TLS, SASL and pass-through properties, with a refusal watch."""
+    config = settings.kafka_client_config()
+    refusals = _Refusals(settings.kafka_security().explain, config["bootstrap.servers"])
+    config["error_cb"] = refusals
+    return config, refusals
 
 
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
@@ -52,7 +83,10 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     check_incoming(request)
     try:
         value = encode_request(
-            request, registry=settings.open_registry(), topic=settings.requests_topic
+            request,
+            registry=settings.open_registry(),
+            topic=settings.requests_topic,
+            auto_register=settings.schema_registry_auto_register,
         )
     except WorkflowJobsError:
         raise
@@ -64,9 +98,10 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
             f"cannot frame the request with the schema registry at "
             f"{settings.schema_registry_url}: {exc}",
         ) from None
+    client_config, refusals = _client_config(settings)
     producer = Producer(
         {
-            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            **client_config,
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": int(args.timeout * 1000),
@@ -98,7 +133,10 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
         raise CliError(
             "UNAVAILABLE", f"cannot produce to {settings.requests_topic}: {reason}"
         ) from None
-    producer.flush(args.timeout + 5)
+    deadline = time.monotonic() + args.timeout + 5
+    while producer.flush(_WATCH_S) and time.monotonic() < deadline:
+        refusals.check()
+    refusals.check()
     if not reports or reports[0] is not None:
         reason = reports[0].str() if reports and reports[0] is not None else "no delivery report"
         raise CliError(
@@ -124,9 +162,10 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
     decoder = EventDecoder(
         settings.open_registry(), topic=settings.events_topic, event_format=settings.event_format
     )
+    client_config, refusals = _client_config(settings)
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            **client_config,
             # Partitions are assigned by hand below and nothing is committed, so
             # this id never joins a group: reading moves nobody's offsets.
             "group.id": f"wfjobs-cli-{uuid.uuid4().hex[:12]}",
@@ -147,8 +186,9 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
         partitions = _partitions(
             consumer,
             settings.events_topic,
-            bootstrap=settings.kafka_bootstrap_servers,
+            bootstrap=client_config["bootstrap.servers"],
             timeout_s=min(15.0, args.timeout) if args.timeout else 15.0,
+            refusals=refusals,
         )
         consumer.assign([TopicPartition(settings.events_topic, p, start) for p in partitions])
         if not out.as_json:
@@ -157,6 +197,7 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             message = consumer.poll(0.5)
+            refusals.check()
             if message is None:
                 continue
             error = message.error()
@@ -185,12 +226,23 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _partitions(consumer: Any, topic: str, *, bootstrap: str, timeout_s: float) -> list[int]:
+def _partitions(
+    consumer: Any, topic: str, *, bootstrap: str, timeout_s: float, refusals: _Refusals
+) -> list[int]:
     """Every partition of ``topic``: read them all without joining a consumer group."""
     from confluent_kafka import KafkaException
 
+    deadline = time.monotonic() + timeout_s
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        # In short steps, so refused credentials end the wait at once.
+        while True:
+            try:
+                metadata = consumer.list_topics(topic, timeout=_WATCH_S).topics.get(topic)
+                break
+            except KafkaException:
+                refusals.check()
+                if time.monotonic() >= deadline:
+                    raise
     except KafkaException as exc:
         error = exc.args[0] if exc.args else exc
         reason = error.str() if hasattr(error, "str") else str(error)

@@ -1,10 +1,13 @@
 """``wfjobs``: the command line of workflow-jobs.
 
 The job and workflow verbs talk to a worker's HTTP API (``--url``, else
-``WFJOBS_URL``, else ``http://127.0.0.1:6066``). ``migrate``, ``produce`` and
-``events`` use the settings directly (``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS``,
+``WFJOBS_URL``, else ``http://127.0.0.1:6066``) with the token ``cli.http``
+finds. ``migrate``, ``tokens``, ``produce`` and ``events`` use the settings
+directly (``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS``,
 ``WFJOBS_SCHEMA_REGISTRY_URL``...), and ``dev`` starts the embedded stack; those
-four do not take ``--url``.
+do not take ``--url``. ``tokens`` works on the database, not through a worker:
+whoever can reach the database can always make the first token, and revoke
+one while every worker is down.
 
 Output is tables and colours on a terminal, plain text when piped, and JSON with
 ``--json``. Errors print their code and message and exit 1 (2 for usage errors).
@@ -58,13 +61,17 @@ def cmd_workflows_put(args: argparse.Namespace, out: Output) -> int:
     name = definition.get("name")
     if not isinstance(name, str) or not name:
         raise CliError("INVALID_ARGUMENT", "the workflow has no name: add one or pass --name")
+    headers = {"If-Match": f'"{args.if_version}"'} if args.if_version else None
     answer = ApiClient(args.url).call(
-        "PUT", f"/v1/workflows/{path_segment(name)}", {"workflow": definition}
+        "PUT", f"/v1/workflows/{path_segment(name)}", {"workflow": definition}, headers=headers
     )
 
     def render(answer: dict[str, Any]) -> None:
         stored = answer.get("workflow", {})
-        out.print(f"stored workflow [bold]{escape(str(stored.get('name', name)))}[/]")
+        out.print(
+            f"stored workflow [bold]{escape(str(stored.get('name', name)))}[/] "
+            f"version {escape(str(stored.get('version', '')))}"
+        )
 
     return _show(out, answer, render)
 
@@ -232,6 +239,82 @@ def cmd_migrate(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _database_url(args: argparse.Namespace) -> str:
+    from streams.settings import Settings
+
+    dsn: str = args.dsn or Settings.from_env().database_url
+    if not dsn:
+        raise CliError("INVALID_ARGUMENT", "no database: set DATABASE_URL or pass --dsn")
+    return dsn
+
+
+def _token_json(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "principal": record.principal,
+        "scopes": list(record.scopes),
+        "created_at": record.created_at.isoformat(),
+        "revoked_at": record.revoked_at.isoformat() if record.revoked_at else None,
+    }
+
+
+def cmd_tokens_create(args: argparse.Namespace, out: Output) -> int:
+    from store.tokens import create_token
+    from streams.auth import parse_scopes
+
+    scopes = parse_scopes(args.scope or [])
+    issued = asyncio.run(create_token(_database_url(args), args.principal, scopes))
+    if out.as_json:
+        out.json({"token": issued.token, **_token_json(issued.record)})
+        return 0
+    record = issued.record
+    out.print(
+        f"token [bold]{escape(record.id)}[/] for [bold]{escape(record.principal)}[/] "
+        f"with {escape(', '.join(record.scopes))}; it is shown only this once:"
+    )
+    # Alone on its line and unstyled, so it can be copied or piped as it is.
+    out.console.print(issued.token, markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_tokens_list(args: argparse.Namespace, out: Output) -> int:
+    from rich.table import Table
+
+    from store.tokens import list_tokens
+
+    records = asyncio.run(list_tokens(_database_url(args)))
+    if out.as_json:
+        out.json({"tokens": [_token_json(record) for record in records]})
+        return 0
+    table = Table()
+    for column in ("id", "principal", "scopes", "created", "revoked"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(
+            escape(record.id),
+            escape(record.principal),
+            escape(",".join(record.scopes)),
+            escape(record.created_at.isoformat(timespec="seconds")),
+            escape(record.revoked_at.isoformat(timespec="seconds")) if record.revoked_at else "",
+        )
+    out.console.print(table)
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace, out: Output) -> int:
+    from store.tokens import revoke_token
+
+    record = asyncio.run(revoke_token(_database_url(args), args.id.strip()))
+    if out.as_json:
+        out.json(_token_json(record))
+    else:
+        out.print(
+            f"revoked token [bold]{escape(record.id)}[/] of {escape(record.principal)}; "
+            "workers refuse it within a second"
+        )
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace, out: Output) -> int:
     run_dev_stack = _dev_stack()
     return run_dev_stack(
@@ -330,11 +413,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("--dsn", help="database to migrate (default: DATABASE_URL)")
 
+    tokens = commands.add_parser(
+        "tokens", help="API tokens: create, list and revoke them (DATABASE_URL)"
+    )
+    token_verbs = tokens.add_subparsers(dest="verb", required=True, metavar="VERB")
+    token_create = token_verbs.add_parser(
+        "create", parents=[local], help="make a token and print it, once"
+    )
+    token_create.add_argument("--principal", required=True, help="who the token speaks for")
+    token_create.add_argument(
+        "--scope",
+        action="append",
+        metavar="SCOPE",
+        help="submit, read, complete, cancel, admin, define-inline or fleet (repeatable, "
+        "or comma-separated)",
+    )
+    token_create.set_defaults(handler=cmd_tokens_create, uses_url=False)
+    token_list = token_verbs.add_parser(
+        "list", parents=[local], help="list tokens (never their secrets)"
+    )
+    token_list.set_defaults(handler=cmd_tokens_list, uses_url=False)
+    token_revoke = token_verbs.add_parser(
+        "revoke", parents=[local], help="revoke a token by its id"
+    )
+    token_revoke.add_argument("id", help="the token's id (the 12 hex digits after wfj_)")
+    token_revoke.set_defaults(handler=cmd_tokens_revoke, uses_url=False)
+    for verb in (token_create, token_list, token_revoke):
+        verb.add_argument("--dsn", help="the database (default: DATABASE_URL)")
+
     workflows = commands.add_parser("workflows", help="store and read workflow definitions")
     verbs = workflows.add_subparsers(dest="verb", required=True, metavar="VERB")
     put = verbs.add_parser("put", parents=[common], help="store a definition from a JSON file")
     put.add_argument("file", help="the workflow envelope, as JSON")
     put.add_argument("--name", help="store under this name (default: the file's name field)")
+    put.add_argument(
+        "--if-version",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replace only version N of the stored definition (If-Match); refused otherwise",
+    )
     put.set_defaults(handler=cmd_workflows_put)
     get_workflow = verbs.add_parser("get", parents=[common], help="show a stored definition")
     get_workflow.add_argument("name")
@@ -430,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--workdir",
         type=Path,
-        default=Path(".wfjobs-dev"),
+        default=Path(defaults.DEV_FOLDER),
         help="where Postgres's data and the worker log are kept (default: ./.wfjobs-dev)",
     )
     dev.add_argument(

@@ -82,6 +82,7 @@ def render_job(out: Output, job: Mapping[str, Any]) -> None:
     optional = (
         ("verdict", "verdict"),
         ("error", "error"),
+        ("owner", "owner"),
         ("lease owner", "lease_owner"),
         ("lease until", "lease_until"),
         ("run after", "run_after"),

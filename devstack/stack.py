@@ -1,9 +1,14 @@
 """The embedded stack behind ``wfjobs dev`` / ``make dev``, and the worker process helper.
 
-Embedded Postgres and the Tansu broker (see :mod:`devstack.services`), migrations,
-the topics, one worker process with every role running the sample handlers, and
-the sample workflow stored through the worker's own HTTP API. Every process is a
-child we started and stop by its pid.
+Embedded Postgres and the Tansu broker (:mod:`devstack.postgres`,
+:mod:`devstack.tansu`), migrations, the topics, one worker process with every
+role running the sample handlers, and the sample workflow stored through the
+worker's own HTTP API. Every process is a child we started and stop by its pid.
+
+The API needs a token, so the stack makes a development token (principal
+``dev``, every scope) and writes it to ``token`` in its folder, where the
+command line finds it when run from the same directory (``cli.http``); a kept
+folder keeps its token while the database still knows it.
 
 Postgres's data and the worker's log live in a folder that outlives the stack
 (``.wfjobs-dev`` in the current directory for ``wfjobs dev``), so jobs and stored
@@ -41,16 +46,16 @@ from confluent_kafka.cimpl import NewTopic
 from rich.console import Console
 from rich.markup import escape
 
-from devstack.services import (
+from devstack.postgres import PostgresService
+from devstack.processes import (
     LOOPBACK,
     ManagedProcess,
-    PostgresService,
     ServiceError,
-    TansuService,
     free_port,
     log_tail,
     wait_until_ready,
 )
+from devstack.tansu import TansuService
 from schemas import defaults
 
 SAMPLE_HANDLERS = "workflows.samples.handlers"
@@ -64,10 +69,13 @@ DEFAULT_TOPICS = (
     defaults.dlq_topic_for(defaults.REQUESTS_TOPIC),
 )
 # Where ``wfjobs dev`` keeps its data, relative to the directory it runs in.
-DEV_FOLDER = Path(".wfjobs-dev")
+DEV_FOLDER = Path(defaults.DEV_FOLDER)
 DEV_DATABASE = "wfjobs_dev"
+# The development token's file in the folder, and whom it speaks for.
+TOKEN_FILE = Path(defaults.DEV_TOKEN_FILE).name
+DEV_PRINCIPAL = "dev"
 # What a dev folder holds; ``fresh`` removes exactly these, nothing else a user put there.
-_KEPT_ENTRIES = ("postgres", "faust-data", "worker.log")
+_KEPT_ENTRIES = ("postgres", "faust-data", "worker.log", TOKEN_FILE)
 # Kept data must survive a machine crash; the test settings trade that for speed.
 _KEPT_POSTGRES_SETTINGS = {"fsync": "on", "full_page_writes": "on"}
 
@@ -230,14 +238,32 @@ def ensure_topics(bootstrap_servers: str, topics: Iterable[str], *, partitions: 
                 raise ServiceError(f"cannot create topic {topic}: {exc}") from exc
 
 
-def _store_if_missing(url: str, definition: Mapping[str, Any]) -> None:
+def _store_if_missing(url: str, definition: Mapping[str, Any], token: str) -> None:
     """Store the sample unless a definition by its name is kept from an earlier run."""
     address = f"{url}/v1/workflows/{urllib.parse.quote(str(definition['name']), safe='')}"
-    if _send(urllib.request.Request(address), absent_ok=True):
+    authorization = {"Authorization": f"Bearer {token}"}
+    if _send(urllib.request.Request(address, headers=authorization), absent_ok=True):
         return
     body = json.dumps({"workflow": dict(definition)}).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **authorization}
     _send(urllib.request.Request(address, data=body, method="PUT", headers=headers))
+
+
+def ensure_dev_token(database_url: str, path: Path) -> str:
+    """The token in ``path`` if the database still knows it, else a new one written there."""
+    from store.tokens import create_token, live_token
+    from streams.auth import SCOPES
+
+    kept = path.read_text().strip() if path.exists() else ""
+    if kept and asyncio.run(live_token(database_url, kept)) is not None:
+        return kept
+    issued = asyncio.run(create_token(database_url, DEV_PRINCIPAL, SCOPES))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Readable by its owner only: it is a credential, if a development one.
+    path.unlink(missing_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(issued.token + "\n")
+    return issued.token
 
 
 def _send(request: urllib.request.Request, *, absent_ok: bool = False) -> bool:
@@ -299,6 +325,7 @@ class DevStack:
         )
         self.tansu = TansuService()
         self.database_url = ""
+        self.token = ""
         self.worker: WorkerProcess | None = None
         self.port_was_taken = False
         self.kafka_port_was_taken = False
@@ -306,6 +333,10 @@ class DevStack:
     @property
     def bootstrap_servers(self) -> str:
         return self.tansu.bootstrap_servers
+
+    @property
+    def token_path(self) -> Path:
+        return self.workdir / TOKEN_FILE
 
     @property
     def url(self) -> str:
@@ -324,6 +355,7 @@ class DevStack:
             self.postgres.start()
             self.database_url = self.postgres.ensure_database(DEV_DATABASE)
             asyncio.run(migrate(self.database_url))
+            self.token = ensure_dev_token(self.database_url, self.token_path)
             kafka_port = self._requested_kafka_port
             if kafka_port is not None and not _port_free(kafka_port):
                 kafka_port, self.kafka_port_was_taken = None, True
@@ -346,7 +378,7 @@ class DevStack:
             )
             self.worker = WorkerProcess(env, workdir=self.workdir)
             self.worker.start()
-            _store_if_missing(self.worker.url, sample_workflow())
+            _store_if_missing(self.worker.url, sample_workflow(), self.token)
         except BaseException:
             self.stop()
             raise
@@ -421,6 +453,13 @@ def next_steps(stack: DevStack) -> str:
         kept = "its data is removed"
     activate = _activate_command()
     activate_line = f"  {escape(activate)}\n" if activate else ""
+    token_file = escape(str(stack.token_path))
+    # The command line looks in ./.wfjobs-dev by itself; anywhere else is named.
+    token_line = (
+        ""
+        if stack.token_path == (Path.cwd() / defaults.DEV_TOKEN_FILE).resolve()
+        else f"  export WFJOBS_TOKEN_FILE={token_file}\n"
+    )
     return f"""[bold green]workflow-jobs dev stack is up[/]
 
   API        {stack.url}
@@ -428,6 +467,7 @@ def next_steps(stack: DevStack) -> str:
   Kafka      {stack.bootstrap_servers} (Tansu, in memory: events are lost at stop)
   data       {data}
   worker     pid {stack.worker.pid}, log {escape(str(stack.worker.log_path))}
+  token      {token_file} (principal {DEV_PRINCIPAL}, every scope; wfjobs reads it from here)
   workflow   [bold]{SAMPLE_WORKFLOW_NAME}[/]: tokenize -> embed -> review (external)
 
 [bold]In another terminal:[/]
@@ -435,7 +475,7 @@ def next_steps(stack: DevStack) -> str:
 {activate_line}  export WFJOBS_URL={stack.url}
   export KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap_servers}
   export DATABASE_URL={escape(stack.database_url)}
-
+{token_line}
   wfjobs submit --workflow-name {SAMPLE_WORKFLOW_NAME} --input '{sample_input}'
   wfjobs get JOB_ID              [dim]# WAITING on step review[/]
   wfjobs complete JOB_ID review --response '{review}'

@@ -20,6 +20,11 @@ WEB_HOST = "127.0.0.1"
 WEB_PORT = 6066
 API_URL = f"http://{WEB_HOST}:{WEB_PORT}"
 
+# Where `wfjobs dev` keeps its data, relative to the directory it runs in, and
+# the development token it writes there for the command line to pick up.
+DEV_FOLDER = ".wfjobs-dev"
+DEV_TOKEN_FILE = f"{DEV_FOLDER}/token"
+
 
 def dlq_topic_for(requests_topic: str) -> str:
     """The dead-letter topic of ``requests_topic`` when none is configured."""
@@ -28,6 +33,8 @@ def dlq_topic_for(requests_topic: str) -> str:
 
 __all__ = [
     "API_URL",
+    "DEV_FOLDER",
+    "DEV_TOKEN_FILE",
     "DLQ_SUFFIX",
     "EVENTS_TOPIC",
     "KAFKA_BOOTSTRAP_SERVERS",

@@ -44,6 +44,12 @@ class NotFound(WorkflowJobsError):
     code = "NOT_FOUND"
 
 
+class AlreadyExists(WorkflowJobsError):
+    """The caller named something (a job id) that is taken, by someone it cannot see."""
+
+    code = "ALREADY_EXISTS"
+
+
 class FailedPrecondition(WorkflowJobsError):
     """The target exists but is in a state that does not allow the operation."""
 
@@ -54,6 +60,12 @@ class PayloadTooLarge(WorkflowJobsError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class UnsupportedMediaType(WorkflowJobsError):
+    """A request body of a type the API does not take (it takes application/json only)."""
+
+    code = "UNSUPPORTED_MEDIA_TYPE"
+
+
 class WrongState(WorkflowJobsError):
     """complete-step on a job that is not WAITING on that step."""
 
@@ -62,6 +74,24 @@ class WrongState(WorkflowJobsError):
 
 class ResourceExhausted(WorkflowJobsError):
     code = "RESOURCE_EXHAUSTED"
+
+
+class Unauthenticated(WorkflowJobsError):
+    """No token, or one that is malformed, unknown or revoked."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(WorkflowJobsError):
+    """The token is good but lacks the scope the verb needs."""
+
+    code = "PERMISSION_DENIED"
+
+
+class VersionMismatch(WorkflowJobsError):
+    """A conditional write (``If-Match``) named a version that is no longer current."""
+
+    code = "VERSION_MISMATCH"
 
 
 class Unavailable(WorkflowJobsError):

@@ -231,7 +231,14 @@ class ProtobufFramer(_RegistryFraming):
         serializer = ProtobufSerializer(
             consumer_type,
             self._registry,
-            {**_SERDE_CONF, "auto.register.schemas": self._auto_register},
+            {
+                **_SERDE_CONF,
+                "auto.register.schemas": self._auto_register,
+                # Not registering: frame with the subject's latest version, which
+                # whoever owns the subject registered (a registry that refuses
+                # writes to this process, or a schema managed elsewhere).
+                "use.latest.version": not self._auto_register,
+            },
         )
         header = serializer(consumer_type(), _context(self._topic))
         if not header or header[0] != MAGIC_BYTE:
@@ -390,11 +397,16 @@ def encode_request(
     *,
     registry: SchemaRegistryClient | None,
     topic: str = DEFAULT_REQUESTS_TOPIC,
+    auto_register: bool = True,
 ) -> bytes:
-    """A request as a Kafka value: framed when a registry is configured."""
+    """A request as a Kafka value: framed when a registry is configured.
+
+    ``auto_register=False`` frames with the subject's latest registered version.
+    """
     if registry is None:
         return request.SerializeToString(deterministic=True)
-    return ProtobufFramer(WorkflowRunRequest, registry, topic).frame_message(request)
+    framer = ProtobufFramer(WorkflowRunRequest, registry, topic, auto_register=auto_register)
+    return framer.frame_message(request)
 
 
 # --------------------------------------------------------------------------- consuming

@@ -10,6 +10,9 @@ redrive can neither republish a PUBLISHED row nor disturb a PENDING one.
 Order: a FAILED row holds its job's later PENDING rows back (the relay's
 fetch), so a redriven row is still its job's head and reaches the topic before
 the job's later events.
+
+Owners: with ``owner`` set, every call reaches only the rows of jobs that
+principal owns; other rows are as if they were not there.
 """
 
 from __future__ import annotations
@@ -30,11 +33,16 @@ MAX_LIST_LIMIT = 500
 
 _FAILED_COLUMNS = "id, job_id, event_type, attempts, last_error, created_at"
 
+# A NULL owner reaches every row; otherwise only rows of that owner's jobs.
+_OWNED = """(%(owner)s::text IS NULL OR EXISTS (
+    SELECT FROM workflow_run AS r
+     WHERE r.job_id = workflow_run_events_outbox.job_id AND r.owner = %(owner)s))"""
+
 # Oldest first, paged by id: a page token is the last id of the previous page.
 LIST_FAILED_SQL = f"""
 SELECT {_FAILED_COLUMNS}
   FROM workflow_run_events_outbox
- WHERE status = 'FAILED' AND id > %(after_id)s
+ WHERE status = 'FAILED' AND id > %(after_id)s AND {_OWNED}
  ORDER BY id
  LIMIT %(limit)s
 """
@@ -43,15 +51,15 @@ SELECT {_FAILED_COLUMNS}
 LIST_FAILED_OF_JOB_SQL = f"""
 SELECT {_FAILED_COLUMNS}
   FROM workflow_run_events_outbox
- WHERE job_id = %(job_id)s AND status = 'FAILED' AND id > %(after_id)s
+ WHERE job_id = %(job_id)s AND status = 'FAILED' AND id > %(after_id)s AND {_OWNED}
  ORDER BY id
  LIMIT %(limit)s
 """
 
-_REDRIVE = """
+_REDRIVE = f"""
 UPDATE workflow_run_events_outbox
    SET status = 'PENDING', attempts = 0
- WHERE status = 'FAILED' AND {where}
+ WHERE status = 'FAILED' AND {_OWNED} AND {{where}}
 RETURNING id, job_id
 """
 REDRIVE_IDS_SQL = _REDRIVE.format(where="id = ANY(%(ids)s::bigint[])")
@@ -111,13 +119,22 @@ class OutboxDeadLetters:
         self._pool = pool
 
     async def list_failed(
-        self, *, job_id: UUID | str | None = None, limit: int = 0, page_token: str = ""
+        self,
+        *,
+        job_id: UUID | str | None = None,
+        limit: int = 0,
+        page_token: str = "",
+        owner: str | None = None,
     ) -> FailedEventPage:
         """FAILED rows oldest first; ``limit`` 0 means 50, above 500 is clamped."""
         if limit < 0:
             raise InvalidArgument(f"limit must not be negative, got {limit}")
         limit = DEFAULT_LIST_LIMIT if limit == 0 else min(limit, MAX_LIST_LIMIT)
-        params: dict[str, Any] = {"after_id": parse_page_token(page_token), "limit": limit + 1}
+        params: dict[str, Any] = {
+            "after_id": parse_page_token(page_token),
+            "limit": limit + 1,
+            "owner": owner,
+        }
         statement = LIST_FAILED_SQL
         if job_id is not None:
             params["job_id"] = parse_job_id(job_id)
@@ -128,24 +145,25 @@ class OutboxDeadLetters:
         token = str(events[-1].id) if len(rows) > limit else ""
         return FailedEventPage(events=events, next_page_token=token)
 
-    async def redrive_ids(self, ids: Sequence[int]) -> Redriven:
+    async def redrive_ids(self, ids: Sequence[int], *, owner: str | None = None) -> Redriven:
         """Redrive the named rows; ids that name no FAILED row are reported, not errors."""
         wanted = sorted(set(ids))
         if not wanted:
             raise InvalidArgument("ids must name at least one outbox row")
         if any(event_id < 1 for event_id in wanted):
             raise InvalidArgument(f"ids must be positive outbox row ids, got {wanted}")
-        done = await self._redrive(REDRIVE_IDS_SQL, {"ids": wanted})
+        done = await self._redrive(REDRIVE_IDS_SQL, {"ids": wanted, "owner": owner})
         moved = {event_id for event_id, _ in done}
         return Redriven(done, tuple(event_id for event_id in wanted if event_id not in moved))
 
-    async def redrive_job(self, job_id: UUID | str) -> Redriven:
+    async def redrive_job(self, job_id: UUID | str, *, owner: str | None = None) -> Redriven:
         """Redrive every FAILED row of one job."""
-        return Redriven(await self._redrive(REDRIVE_JOB_SQL, {"job_id": parse_job_id(job_id)}))
+        params = {"job_id": parse_job_id(job_id), "owner": owner}
+        return Redriven(await self._redrive(REDRIVE_JOB_SQL, params))
 
-    async def redrive_all(self) -> Redriven:
+    async def redrive_all(self, *, owner: str | None = None) -> Redriven:
         """Redrive every FAILED row."""
-        return Redriven(await self._redrive(REDRIVE_ALL_SQL, {}))
+        return Redriven(await self._redrive(REDRIVE_ALL_SQL, {"owner": owner}))
 
     async def _redrive(
         self, statement: str, params: dict[str, Any]

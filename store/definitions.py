@@ -1,4 +1,10 @@
-"""Stored workflow definitions, addressed by name."""
+"""Stored workflow definitions, addressed by name, each write bumping its version.
+
+Writes are optimistic: a write may name the version it replaces (``if_version``,
+the HTTP ``If-Match``) and then lands only on that version, or ask to create
+only (``create_only``, ``If-None-Match: *``); a plain write replaces whatever
+is stored.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +15,38 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from schemas.errors import InvalidArgument, NotFound
+from schemas.errors import InvalidArgument, NotFound, VersionMismatch
 from store.pool import Pool
 
 WORKFLOW_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
-PUT_DEFINITION_SQL = """
+_COLUMNS = "name, definition, created_at, updated_at, version"
+
+PUT_DEFINITION_SQL = f"""
 INSERT INTO workflow_definition (name, definition)
 VALUES (%(name)s, %(definition)s)
-ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition, updated_at = now()
-RETURNING name, definition, created_at, updated_at
+ON CONFLICT (name) DO UPDATE
+   SET definition = EXCLUDED.definition, updated_at = now(),
+       version = workflow_definition.version + 1
+RETURNING {_COLUMNS}
 """
-GET_DEFINITION_SQL = """
-SELECT name, definition, created_at, updated_at FROM workflow_definition WHERE name = %(name)s
+CREATE_DEFINITION_SQL = f"""
+INSERT INTO workflow_definition (name, definition)
+VALUES (%(name)s, %(definition)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING {_COLUMNS}
 """
-LIST_DEFINITIONS_SQL = """
-SELECT name, definition, created_at, updated_at FROM workflow_definition ORDER BY name
+REPLACE_DEFINITION_VERSION_SQL = f"""
+UPDATE workflow_definition
+   SET definition = %(definition)s, updated_at = now(), version = version + 1
+ WHERE name = %(name)s AND version = %(version)s
+RETURNING {_COLUMNS}
+"""
+GET_DEFINITION_SQL = f"""
+SELECT {_COLUMNS} FROM workflow_definition WHERE name = %(name)s
+"""
+LIST_DEFINITIONS_SQL = f"""
+SELECT {_COLUMNS} FROM workflow_definition ORDER BY name
 """
 
 
@@ -34,6 +56,8 @@ class StoredDefinition:
     definition: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    # 1 when first stored, one more with every write.
+    version: int
 
 
 def validate_workflow_name(name: str) -> str:
@@ -50,20 +74,43 @@ class DefinitionStore:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
-    async def put(self, name: str, definition: dict[str, Any]) -> StoredDefinition:
-        """Create or replace; jobs already submitted keep the snapshot they took."""
+    async def put(
+        self,
+        name: str,
+        definition: dict[str, Any],
+        *,
+        if_version: int | None = None,
+        create_only: bool = False,
+    ) -> StoredDefinition:
+        """Create or replace; jobs already submitted keep the snapshot they took.
+
+        ``if_version`` replaces only that version; ``create_only`` only creates.
+        Either refused raises ``VersionMismatch`` naming what is stored.
+        """
         validate_workflow_name(name)
         if not isinstance(definition, dict):
             raise InvalidArgument(
                 f"a workflow definition is a JSON object, got {type(definition).__name__}"
             )
+        if if_version is not None and create_only:
+            raise InvalidArgument("a write either names the version it replaces or creates")
+        params: dict[str, Any] = {"name": name, "definition": Jsonb(definition)}
+        statement = PUT_DEFINITION_SQL
+        if create_only:
+            statement = CREATE_DEFINITION_SQL
+        elif if_version is not None:
+            statement, params["version"] = REPLACE_DEFINITION_VERSION_SQL, if_version
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                PUT_DEFINITION_SQL, {"name": name, "definition": Jsonb(definition)}
-            )
-            row = await cursor.fetchone()
-        assert row is not None
-        return StoredDefinition(*row)
+            row = await (await conn.execute(statement, params)).fetchone()
+            if row is None:
+                current = await (await conn.execute(GET_DEFINITION_SQL, params)).fetchone()
+        if row is not None:
+            return StoredDefinition(*row)
+        stored = f"version {current[4]} is stored" if current else "none is stored"
+        wanted = "only to create it" if create_only else f"to replace version {if_version}"
+        raise VersionMismatch(
+            f"workflow {name!r} was not written: the write asked {wanted}, but {stored}"
+        )
 
     async def get(self, name: str) -> StoredDefinition:
         validate_workflow_name(name)

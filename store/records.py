@@ -42,6 +42,9 @@ class Job:
     lease_until: datetime | None
     created_at: datetime
     updated_at: datetime
+    # The principal that submitted it; None for jobs recorded before owners
+    # existed (only a fleet-wide token reaches those).
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,7 @@ class JobSummary:
     lease_until: datetime | None
     created_at: datetime
     updated_at: datetime
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

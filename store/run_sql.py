@@ -37,6 +37,7 @@ JOB_COLUMNS = (
     "lease_until",
     "created_at",
     "updated_at",
+    "owner",
 )
 # Plain names, for reading a CTE that returned a job's columns.
 _COLUMNS = ", ".join(JOB_COLUMNS)
@@ -74,6 +75,7 @@ SUMMARY_COLUMNS = (
     "lease_until",
     "created_at",
     "updated_at",
+    "owner",
 )
 
 # Submits share this lock on a snapshot's hash with retention, which takes it
@@ -132,9 +134,9 @@ WITH snapshot_lock AS (
     ON CONFLICT (hash) DO NOTHING
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
-                              input, status, max_attempts, error, run_after)
+                              input, status, max_attempts, error, run_after, owner)
     VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
-            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now())
+            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
@@ -413,13 +415,15 @@ SELECT count(*) FROM (
 """
 
 
-def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool) -> str:
+def list_jobs_sql(*, by_status: bool, by_name: bool, after: bool, by_owner: bool = False) -> str:
     """Newest first, with whichever filters and cursor the call uses.
 
     Summaries only (``SUMMARY_COLUMNS``): the payload columns are never read,
     so a page costs the same whatever its jobs carry.
     """
     conditions = []
+    if by_owner:
+        conditions.append("owner = %(owner)s")
     if by_status:
         conditions.append("status = %(status)s")
     if by_name:

@@ -126,6 +126,7 @@ def _job(row: Sequence[Any]) -> Job:
         lease_until,
         created_at,
         updated_at,
+        owner,
     ) = row
     return Job(
         job_id=job_id,
@@ -146,6 +147,7 @@ def _job(row: Sequence[Any]) -> Job:
         lease_until=lease_until,
         created_at=created_at,
         updated_at=updated_at,
+        owner=owner,
     )
 
 
@@ -256,12 +258,14 @@ class RunStore:
         definition_hash: str,
         input: dict[str, Any],
         max_attempts: int | None = None,
+        owner: str | None = None,
     ) -> SubmitResult:
         """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists.
 
         ``definition_hash`` must identify ``definition`` (the engine's
         ``definition_hash``): the snapshot is stored once under it, and a later
-        job naming the same hash reads the snapshot stored first.
+        job naming the same hash reads the snapshot stored first. ``owner`` is
+        the submitting principal; an existing job keeps its own.
         """
         validate_workflow_name(workflow_name)
         if not definition_hash:
@@ -299,10 +303,17 @@ class RunStore:
             error=None,
             event_type=_event_name(EventType.TYPE_ACCEPTED),
             payload=self._encode(event),
+            owner=owner,
         )
 
     async def submit_failed(
-        self, *, job_id: UUID, workflow_name: str, input: dict[str, Any], error: str
+        self,
+        *,
+        job_id: UUID,
+        workflow_name: str,
+        input: dict[str, Any],
+        error: str,
+        owner: str | None = None,
     ) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
         error = self._event_text(error)
@@ -325,6 +336,7 @@ class RunStore:
             error=error,
             event_type=_event_name(EventType.TYPE_FAILED),
             payload=self._encode(event),
+            owner=owner,
         )
 
     async def _insert(self, **params: Any) -> SubmitResult:
@@ -686,8 +698,12 @@ class RunStore:
         workflow_name: str | None = None,
         limit: int = 0,
         page_token: str | None = None,
+        owner: str | None = None,
     ) -> JobPage:
-        """Jobs newest first; 0 means 50, above 500 is clamped, negative is refused."""
+        """Jobs newest first; 0 means 50, above 500 is clamped, negative is refused.
+
+        With ``owner``, only the jobs that principal submitted.
+        """
         if limit < 0:
             raise InvalidArgument(f"limit must not be negative, got {limit}")
         limit = DEFAULT_LIST_LIMIT if limit == 0 else min(limit, MAX_LIST_LIMIT)
@@ -698,8 +714,13 @@ class RunStore:
             params["workflow_name"] = validate_workflow_name(workflow_name)
         if page_token:
             params["after_created_at"], params["after_job_id"] = decode_page_token(page_token)
+        if owner is not None:
+            params["owner"] = owner
         statement = list_jobs_sql(
-            by_status=bool(status), by_name=bool(workflow_name), after=bool(page_token)
+            by_status=bool(status),
+            by_name=bool(workflow_name),
+            after=bool(page_token),
+            by_owner=owner is not None,
         )
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(statement, params)).fetchall()

@@ -29,6 +29,8 @@ from typing import Any, NoReturn
 import faust
 
 from streams.broker import BootWithoutKafka, connect_kafka
+from streams.http_errors import HANDLER_ARGS
+from streams.kafka_security import faust_credentials
 from streams.request_agent import register_request_agent
 from streams.runtime import Runtime
 from streams.settings import Settings, SettingsError
@@ -65,6 +67,8 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
     app = faust.App(
         settings.consumer_group,
         broker=settings.broker_url,
+        # TLS and SASL of Faust's consumer, producer and topic creation.
+        broker_credentials=faust_credentials(settings),
         # Only our settings configure the app: Faust would otherwise also read
         # unprefixed variables such as WEB_PORT from the environment.
         env={},
@@ -76,6 +80,16 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
+        # Faust's own endpoints are off: /router and /table would show the
+        # cluster's layout and table data to anyone who can reach the port,
+        # and the statistics and graph pages its internals.
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_stats_enabled=False,
+        web_graph_enabled=False,
+        web_metrics_enabled=False,
+        # The HTTP parser's limits (over-long URLs and headers answer 414 and 431).
+        web_application_options={"handler_args": dict(HANDLER_ARGS)},
         # The request agent decides when an offset may move (see request_agent).
         consumer_auto_offset_reset="earliest",
         # A rebalance must not wait for a message that is stuck behind a store

@@ -14,6 +14,10 @@ broker answers it starts those parts in the order Faust itself would, so the
 request agent begins consuming. Until then the ``broker`` part of ``/readyz``
 is not ready and says what it waits for; ``/healthz`` stays 200, because a
 process waiting for its broker is not stuck.
+
+A broker that answers but refuses this process's credentials (or whose
+certificate does not verify) is not waited for: no retry can fix the
+settings, so the process logs one line naming them and exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import mode
-from aiokafka import AIOKafkaClient  # type: ignore[import-untyped]
+from aiokafka.conn import create_conn  # type: ignore[import-untyped]
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+from aiokafka.protocol.metadata import MetadataRequest  # type: ignore[import-untyped]
 from faust.app.base import BootStrategy
 
 from schemas import defaults
 from streams.backoff import Backoff
 from streams.health import PartHealth
+from streams.kafka_security import KafkaSecurity, bootstrap_servers, kafka_security
+from streams.settings import SettingsError
 
 if TYPE_CHECKING:
     import faust
@@ -77,6 +84,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+class KafkaRefused(SettingsError):
+    """The broker answers but refuses this process's security settings."""
+
+
 class BrokerConnection(mode.Service):
     """Starts the app's Kafka parts once the broker answers; reports as ``broker``."""
 
@@ -87,12 +98,14 @@ class BrokerConnection(mode.Service):
         *,
         retry_max_s: float,
         retry_base_s: float = RETRY_BASE_S,
+        security: KafkaSecurity | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._app = app
         self.bootstrap_servers = bootstrap_servers
         self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+        self._security = security if security is not None else KafkaSecurity()
         self._backoff = Backoff(retry_base_s, max(retry_base_s, retry_max_s))
         self._state = "waiting"
         self._since = _now()
@@ -112,6 +125,14 @@ class BrokerConnection(mode.Service):
                 detail={"bootstrap_servers": self.bootstrap_servers},
             )
         waited_s = round(time.monotonic() - self._since_monotonic, 1)
+        if self._state == "refused":
+            return PartHealth(
+                "broker",
+                healthy=False,
+                ready=False,
+                summary=self._last_error,
+                detail={"bootstrap_servers": self.bootstrap_servers},
+            )
         if self._state == "starting":
             summary = (
                 f"Kafka at {self.bootstrap_servers} answered at {self._since}; "
@@ -137,18 +158,19 @@ class BrokerConnection(mode.Service):
 
     @mode.Service.task
     async def _connect(self) -> None:
-        while not await self.broker_answers():
-            pause = self._backoff.next()
-            log.warning(
-                "Kafka at %s does not answer (%s); trying again in %.1fs (attempt %d)",
-                self.bootstrap_servers,
-                self._last_error,
-                pause,
-                self._attempts,
-            )
-            await self.sleep(pause)
-            if self._stopping():
-                return
+        try:
+            while not await self.broker_answers():
+                await self._pause()
+                if self._stopping():
+                    return
+        except KafkaRefused as refused:
+            self._state = "refused"
+            self._last_error = str(refused)
+            # One line an operator can act on; the crash that follows stops the
+            # process with a non-zero exit code.
+            log.critical("workflow-jobs: cannot use Kafka: %s", refused)
+            await self._app.crash(refused)
+            return
         if self._stopping():
             return
         self._state = "starting"
@@ -165,27 +187,58 @@ class BrokerConnection(mode.Service):
         self._since = _now()
         log.info("connected to Kafka at %s", self.bootstrap_servers)
 
+    async def _pause(self) -> None:
+        pause = self._backoff.next()
+        log.warning(
+            "Kafka at %s does not answer (%s); trying again in %.1fs (attempt %d)",
+            self.bootstrap_servers,
+            self._last_error,
+            pause,
+            self._attempts,
+        )
+        await self.sleep(pause)
+
     def _stopping(self) -> bool:
         return bool(self.should_stop or self._app.should_stop)
 
     async def broker_answers(self) -> bool:
-        """One attempt: a metadata request to the bootstrap servers, as Faust's client makes it."""
+        """One attempt: a metadata request to a bootstrap server, as Faust's client makes it.
+
+        Connects with the process's TLS and SASL settings; raises ``KafkaRefused``
+        when the broker turns those down.
+        """
         self._attempts += 1
         if not await self._any_port_open():
             return False
-        client = AIOKafkaClient(
-            bootstrap_servers=self._servers,
-            client_id="workflow-jobs-broker-check",
-            request_timeout_ms=int(PROBE_TIMEOUT_S * 1000),
-        )
-        try:
-            await asyncio.wait_for(client.bootstrap(), PROBE_TIMEOUT_S)
-        except (KafkaError, OSError, TimeoutError) as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return False
-        finally:
-            await client.close()
-        return True
+        options = self._security.aiokafka()
+        for server in self._servers:
+            host, _, port = server.rpartition(":")
+            connection = None
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    connection = await create_conn(
+                        host.strip("[]"),
+                        int(port),
+                        client_id="workflow-jobs-broker-check",
+                        request_timeout_ms=int(PROBE_TIMEOUT_S * 1000),
+                        **options,
+                    )
+                    await connection.send(MetadataRequest([]))
+            except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+                explained = self._security.explain(exc, self.bootstrap_servers)
+                if explained is not None:
+                    raise KafkaRefused(explained) from None
+                self._last_error = (
+                    f"{server}: {type(exc).__name__}: {exc}"
+                    if str(exc)
+                    else f"{server}: {type(exc).__name__}"
+                )
+                continue
+            finally:
+                if connection is not None:
+                    connection.close()
+            return True
+        return False
 
     async def _any_port_open(self) -> bool:
         # A plain connect first: the Kafka client logs every refused
@@ -211,11 +264,20 @@ def connect_kafka(app: faust.App, runtime: Runtime) -> BrokerConnection:
     """Give a worker process its Kafka parts once the broker answers (see the module doc)."""
     settings = runtime.settings
     connection = BrokerConnection(
-        app, settings.kafka_bootstrap_servers, retry_max_s=settings.broker_retry_max_s
+        app,
+        ",".join(bootstrap_servers(settings)),
+        retry_max_s=settings.broker_retry_max_s,
+        security=kafka_security(settings),
     )
     app.add_dependency(connection)
     runtime.register_health(connection.health)
     return connection
 
 
-__all__ = ["BootWithoutKafka", "BrokerConnection", "connect_kafka", "kafka_services"]
+__all__ = [
+    "BootWithoutKafka",
+    "BrokerConnection",
+    "KafkaRefused",
+    "connect_kafka",
+    "kafka_services",
+]

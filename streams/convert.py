@@ -60,6 +60,7 @@ def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
         verdict=job.verdict or "",
         error=job.error or "",
         lease_owner=job.lease_owner or "",
+        owner=job.owner or "",
     )
     _set_time(message.run_after, job.run_after)
     _set_time(message.lease_until, job.lease_until)
@@ -91,7 +92,7 @@ def job_message(job: Job) -> api_pb2.Job:
 
 
 def stored_workflow_message(stored: StoredDefinition) -> api_pb2.StoredWorkflow:
-    message = api_pb2.StoredWorkflow(name=stored.name)
+    message = api_pb2.StoredWorkflow(name=stored.name, version=stored.version)
     message.definition.SetInParent()
     _set_struct(message.definition, stored.definition)
     _set_time(message.created_at, stored.created_at)

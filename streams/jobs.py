@@ -11,6 +11,10 @@ a dead letter. Both reach the same ``Jobs.submit``.
 Every verb raises only the project's errors (``schemas.errors``): a store that
 cannot be reached is ``Unavailable`` here, translated at the store's edge by
 ``store.errors.outages_as_unavailable``.
+
+Owners: the verbs that reach jobs take ``owner``, the one principal whose jobs
+the caller may reach, or None for every owner's (see ``streams.auth``). A job
+of another owner is answered exactly as a job that does not exist.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from schemas.errors import EventTooLarge, InvalidArgument, NotFound, WrongState
+from schemas.errors import AlreadyExists, EventTooLarge, InvalidArgument, NotFound, WrongState
 from store.definitions import StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
@@ -71,8 +75,13 @@ class Jobs:
         workflow_name: str = "",
         max_attempts: int | None = None,
         record_refusals: bool = False,
+        owner: str | None = None,
+        owner_only: bool = False,
     ) -> Submitted:
-        """Create the job, or answer the one ``job_id`` already names.
+        """Create the job, owned by ``owner``, or answer the one ``job_id`` already names.
+
+        With ``owner_only`` an existing job of another owner is not answered:
+        ``AlreadyExists`` says the id is taken, and nothing of the job.
 
         The definition is ``workflow`` (inline) or the stored one named
         ``workflow_name``. Without a ``job_id`` a fresh one is made. A request
@@ -86,30 +95,31 @@ class Jobs:
             runs = self._runtime.require_runs()
             given_id = job_id
             job_id = job_id if job_id is not None else uuid.uuid4()
+            # Admission first, so a full backlog costs no compilation. A full
+            # backlog raises ResourceExhausted; a repeat of an existing job is
+            # still answered with that job.
+            existing = await self._runtime.admit(given_id)
+            if existing is not None:
+                return Submitted(_owned_by(existing, owner, owner_only), created=False)
             try:
                 if workflow is not None:
                     envelope = workflow
                 else:
                     stored = await self._runtime.require_definitions().get(workflow_name)
                     envelope = stored.definition
-                compiled = self._runtime.compile(envelope)
-                normalized = compiled.validate_input(input)
+                compiled = await self._runtime.compile_submitted(envelope)
+                normalized = await self._runtime.cache.validate_input(compiled, input)
             except NotFound:
                 if not record_refusals:
                     raise
                 reason = f"unknown workflow {workflow_name!r}: no stored definition"
-                return await self._refused(job_id, workflow_name, input, reason)
+                return await self._refused(job_id, workflow_name, input, reason, owner)
             except InvalidArgument as exc:
                 # The producer's mistake or a broken stored definition,
                 # recorded where it is seen.
                 if not record_refusals:
                     raise
-                return await self._refused(job_id, workflow_name, input, exc.message)
-            # A full backlog raises ResourceExhausted; a repeat of an existing
-            # job is still answered with that job.
-            existing = await self._runtime.admit(given_id)
-            if existing is not None:
-                return Submitted(existing, created=False)
+                return await self._refused(job_id, workflow_name, input, exc.message, owner)
             try:
                 result = await runs.submit(
                     job_id=job_id,
@@ -118,31 +128,44 @@ class Jobs:
                     definition_hash=compiled.definition_hash,
                     input=normalized,
                     max_attempts=max_attempts or None,
+                    owner=owner,
                 )
             except EventTooLarge as exc:
                 # Refused the same way on every try, so recorded rather than retried.
                 if not record_refusals:
                     raise
-                return await self._refused(job_id, workflow_name, input, exc.message)
+                return await self._refused(job_id, workflow_name, input, exc.message, owner)
             if result.created:
                 self._runtime.admission.admitted()
-            return Submitted(result.job, result.created)
+                return Submitted(result.job, created=True)
+            return Submitted(_owned_by(result.job, owner, owner_only), created=False)
 
     async def _refused(
-        self, job_id: uuid.UUID, workflow_name: str, input: dict[str, Any], reason: str
+        self,
+        job_id: uuid.UUID,
+        workflow_name: str,
+        input: dict[str, Any],
+        reason: str,
+        owner: str | None,
     ) -> Submitted:
         log.warning("request for job %s recorded as FAILED: %s", job_id, reason)
         result = await self._runtime.require_runs().submit_failed(
-            job_id=job_id, workflow_name=workflow_name, input=input, error=reason
+            job_id=job_id, workflow_name=workflow_name, input=input, error=reason, owner=owner
         )
         return Submitted(result.job, result.created, refused=reason)
 
-    async def get_job(self, job_id: uuid.UUID) -> Job:
+    async def get_job(self, job_id: uuid.UUID, *, owner: str | None = None) -> Job:
         with outages_as_unavailable():
-            return await self._runtime.require_runs().get(job_id)
+            return _visible(await self._runtime.require_runs().get(job_id), owner)
 
     async def list_jobs(
-        self, *, status: str = "", workflow_name: str = "", limit: int = 0, page_token: str = ""
+        self,
+        *,
+        status: str = "",
+        workflow_name: str = "",
+        limit: int = 0,
+        page_token: str = "",
+        owner: str | None = None,
     ) -> JobPage:
         """Newest first; ``limit`` 0 means 50, above 500 is clamped to 500."""
         if workflow_name:
@@ -155,10 +178,16 @@ class Jobs:
                 workflow_name=workflow_name or None,
                 limit=limit,
                 page_token=page_token or None,
+                owner=owner,
             )
 
     async def complete_step(
-        self, *, job_id: uuid.UUID, step_name: str, response: dict[str, Any]
+        self,
+        *,
+        job_id: uuid.UUID,
+        step_name: str,
+        response: dict[str, Any],
+        owner: str | None = None,
     ) -> CompleteStepResult:
         """Answer the external step a job is parked on.
 
@@ -171,8 +200,9 @@ class Jobs:
             # Read first: a NOT_FOUND needs no lock, and a step whose validate
             # rules read the input or earlier steps is judged against them.
             # Neither changes while the job is WAITING, which the store checks
-            # again under the row lock before it calls the verifier.
-            job = await runs.get(job_id)
+            # again under the row lock before it calls the verifier. Nor does
+            # its owner, ever.
+            job = _visible(await runs.get(job_id), owner)
             parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
             result = await runs.complete_step(
                 job_id=job_id,
@@ -190,7 +220,15 @@ class Jobs:
 
     # ------------------------------------------------------------------ stored workflows
 
-    async def put_workflow(self, name: str, workflow: dict[str, Any]) -> StoredDefinition:
+    async def put_workflow(
+        self,
+        name: str,
+        workflow: dict[str, Any],
+        *,
+        if_version: int | None = None,
+        create_only: bool = False,
+    ) -> StoredDefinition:
+        """Store ``workflow`` as ``name``; see ``DefinitionStore.put`` for the conditions."""
         validate_workflow_name(name)
         if workflow.get("name") != name:
             raise InvalidArgument(
@@ -199,8 +237,10 @@ class Jobs:
         with outages_as_unavailable():
             definitions = self._runtime.require_definitions()
             # A definition that does not compile would only fail later, at every submit.
-            self._runtime.compile(workflow)
-            return await definitions.put(name, workflow)
+            await self._runtime.compile_submitted(workflow)
+            return await definitions.put(
+                name, workflow, if_version=if_version, create_only=create_only
+            )
 
     async def get_workflow(self, name: str) -> StoredDefinition:
         validate_workflow_name(name)
@@ -214,25 +254,39 @@ class Jobs:
     # ------------------------------------------------------------------ dead letters
 
     async def failed_events(
-        self, *, job_id: uuid.UUID | None = None, limit: int = 0, page_token: str = ""
+        self,
+        *,
+        job_id: uuid.UUID | None = None,
+        limit: int = 0,
+        page_token: str = "",
+        owner: str | None = None,
     ) -> FailedEventPage:
         """FAILED outbox rows (the relay's dead letters), oldest first."""
         with outages_as_unavailable():
+            if job_id is not None and owner is not None:
+                await self.get_job(job_id, owner=owner)
             return await self._runtime.require_dead_letters().list_failed(
-                job_id=job_id, limit=limit, page_token=page_token
+                job_id=job_id, limit=limit, page_token=page_token, owner=owner
             )
 
     async def redrive_events(
-        self, *, ids: Sequence[int] | None = None, job_id: uuid.UUID | None = None
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        job_id: uuid.UUID | None = None,
+        owner: str | None = None,
     ) -> Redriven:
         """FAILED outbox rows back to PENDING: those ``ids``, one job's, or (neither) all."""
         with outages_as_unavailable():
             dead_letters = self._runtime.require_dead_letters()
             if ids is not None:
-                return await dead_letters.redrive_ids(ids)
+                return await dead_letters.redrive_ids(ids, owner=owner)
             if job_id is not None:
-                return await dead_letters.redrive_job(job_id)
-            return await dead_letters.redrive_all()
+                if owner is not None:
+                    # Another owner's job is a job that does not exist.
+                    await self.get_job(job_id, owner=owner)
+                return await dead_letters.redrive_job(job_id, owner=owner)
+            return await dead_letters.redrive_all(owner=owner)
 
     def _dead_lettered_requests(self) -> RequestsDeadLetters:
         if self._requests_dlq is None:
@@ -255,6 +309,22 @@ class Jobs:
     ) -> list[DeadLetteredRequest]:
         """Dead-lettered requests back to the requests topic: those at ``positions``, or all."""
         return await self._dead_lettered_requests().redrive(positions)
+
+
+def _visible(job: Job, owner: str | None) -> Job:
+    """``job``, unless ``owner`` may not see it: then, as for no job, ``NotFound``."""
+    if owner is not None and job.owner != owner:
+        raise NotFound(f"job {job.job_id} not found")
+    return job
+
+
+def _owned_by(job: Job, owner: str | None, owner_only: bool) -> Job:
+    """An existing job a submit named: answered only to whoever may see it."""
+    if owner_only and job.owner != owner:
+        raise AlreadyExists(
+            f"job id {job.job_id} is taken; submit with another job_id (or none, for a new one)"
+        )
+    return job
 
 
 __all__ = ["Jobs", "Submitted"]

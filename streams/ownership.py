@@ -58,6 +58,7 @@ from faust.types import AppT
 
 from streams.backoff import Backoff
 from streams.health import PartHealth
+from streams.kafka_security import bootstrap_servers, kafka_security
 
 if TYPE_CHECKING:
     import faust
@@ -218,10 +219,13 @@ class OwnershipReader(mode.Service):
         topic: str,
         *,
         timeout_s: float = ADMIN_TIMEOUT_S,
+        security: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``security``: aiokafka's TLS and SASL keyword arguments (``KafkaSecurity.aiokafka``)."""
         super().__init__(**kwargs)
         self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+        self._security = dict(security or {})
         self._group = group
         self._topic = topic
         self._timeout_s = timeout_s
@@ -237,6 +241,7 @@ class OwnershipReader(mode.Service):
                             bootstrap_servers=self._servers,
                             client_id="workflow-jobs-ownership",
                             request_timeout_ms=int(self._timeout_s * 1000),
+                            **self._security,
                         )
                         await self._admin.start()
                     return await read_ownership(
@@ -482,7 +487,12 @@ def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> Ownership
     settings = runtime.settings
     # Set before the consumer exists: Faust builds its assignor from this lazily.
     cast(Any, app.conf).PartitionAssignor = OwnershipAssignor
-    reader = OwnershipReader(settings.kafka_bootstrap_servers, settings.consumer_group, topic)
+    reader = OwnershipReader(
+        ",".join(bootstrap_servers(settings)),
+        settings.consumer_group,
+        topic,
+        security=kafka_security(settings).aiokafka(),
+    )
 
     async def rejoin() -> None:
         consumer = aiokafka_consumer(app)

@@ -59,6 +59,7 @@ from schemas.errors import ContractViolation, InvalidArgument
 from schemas.serde import EventSerializer, event_serializer
 from store.errors import is_outage
 from store.outbox import Backlog, PublishFailure, RelayResult
+from streams import kafka_security
 from streams.backoff import backoff_delay
 from streams.health import PartHealth
 from streams.settings import Settings
@@ -219,8 +220,11 @@ class OutboxRelay(mode.Service):
         name: str = "relay",
         backoff_max_s: float = 30.0,
         stuck_after_s: float = 120.0,
+        explain: Callable[[Any, str], str | None] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``explain(error, servers)`` names the settings behind a producer error that
+        is configuration (refused credentials, a certificate that does not verify)."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
         super().__init__(**kwargs)
@@ -241,6 +245,9 @@ class OutboxRelay(mode.Service):
         self._flush_timeout_s = timeout_ms / 1000 + 5.0
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
+        self._explain = explain
+        self._misconfigured = ""
+        self._servers = str(self._producer_config.get("bootstrap.servers", ""))
         self._prepared = False
         self._wake = wake if wake is not None else asyncio.Event()
         self._loop_future: asyncio.Future[None] | None = None
@@ -388,6 +395,7 @@ class OutboxRelay(mode.Service):
             self._last_publish_at = time.time()
             self.stats.failing_passes = 0
             self._blocked_since = None
+            self._misconfigured = ""
         if result.transient:
             self._last_pass_ok = False
             if not result.published:
@@ -559,10 +567,12 @@ class OutboxRelay(mode.Service):
                 None if age is None else round(age + now - self._backlog_read_at, 1)
             )
             detail["failed_rows"] = self._backlog.failed_rows
+        # A delivery timeout hides why: refused credentials say it better.
+        reason = self._misconfigured or self._last_error
         if stuck:
-            summary = f"cannot publish for {blocked_for:.0f}s: {self._last_error}"
+            summary = f"cannot publish for {blocked_for:.0f}s: {reason}"
         elif self._blocked_since is not None:
-            summary = f"retrying after: {self._last_error}"
+            summary = f"retrying after: {reason}"
         else:
             summary = "ok"
         return PartHealth("relay", healthy=not stuck, summary=summary, detail=detail)
@@ -581,7 +591,14 @@ class OutboxRelay(mode.Service):
     def _on_error(self, error: KafkaError) -> None:
         # Transient broker errors are retried by librdkafka and show up, if they
         # last, as failed delivery reports; only a fatal one needs action.
-        if error.fatal():
+        explained = self._explain(error, self._servers) if self._explain else None
+        if explained is not None:
+            # The rows wait (a transient fault) until the settings are fixed; the
+            # reason is logged once per change rather than on every reconnect.
+            if explained != self._misconfigured:
+                log.error("%s: %s", self._name, explained)
+            self._misconfigured = explained
+        elif error.fatal():
             log.error("%s: fatal producer error: %s", self._name, _describe(error))
             self._fatal = error
         else:
@@ -627,14 +644,18 @@ def build_relay(
         registry=settings.open_registry(),
         topic=settings.events_topic,
         event_format=settings.event_format,
+        auto_register=settings.schema_registry_auto_register,
     )
+    security = kafka_security.kafka_security(settings)
     return OutboxRelay(
         outbox,
         producer_config=producer_config(
-            settings.kafka_bootstrap_servers,
-            producer_overrides,
+            ",".join(kafka_security.bootstrap_servers(settings)),
+            # TLS, SASL and WFJOBS_KAFKA_PROPERTIES, then what the caller insists on.
+            {**security.librdkafka(), **(producer_overrides or {})},
             message_timeout_ms=settings.relay_message_timeout_ms,
         ),
+        explain=security.explain,
         topic=settings.events_topic,
         serializer=serializer,
         interval_s=settings.relay_interval_s,

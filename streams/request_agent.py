@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import ResourceExhausted, Unavailable
-from schemas.serde import RequestDecoder, UndecodableMessage
+from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
 from streams.convert import struct_to_dict
@@ -86,6 +86,8 @@ class RequestHandler:
         jobs: Jobs | None = None,
     ) -> None:
         self._jobs = jobs if jobs is not None else Jobs(runtime)
+        self._principal = runtime.settings.request_principal
+        self._trust_principal = runtime.settings.trust_request_principal
         self._decoder = decoder
         self._dead_letter = dead_letter
         self._topic = topic
@@ -93,7 +95,12 @@ class RequestHandler:
     async def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
         try:
-            request = self._decoder.decode(value, topic=self._topic)
+            if is_framed(value or b""):
+                # A framed value may need the registry (the writer schema, once
+                # per id): a blocking HTTP call, so it runs in a worker thread.
+                request = await asyncio.to_thread(self._decoder.decode, value, topic=self._topic)
+            else:
+                request = self._decoder.decode(value, topic=self._topic)
         except UndecodableMessage as exc:
             return await self.reject(key, value, exc.message)
         problems = violations(request)
@@ -107,6 +114,13 @@ class RequestHandler:
         await self._dead_letter(key, value, reason)
         return Outcome("dead_lettered", reason=reason)
 
+    def owner_of(self, request: WorkflowRunRequest) -> str:
+        """Who owns the job a request submits: a producer sends no token, so
+        the configured principal, or the request's own where that is trusted."""
+        if self._trust_principal and request.principal:
+            return request.principal
+        return self._principal
+
     async def _submit(self, request: WorkflowRunRequest) -> Outcome:
         # A full backlog raises ResourceExhausted, which the caller waits out
         # like an outage: the request stays on the topic until there is room.
@@ -115,6 +129,7 @@ class RequestHandler:
             input=struct_to_dict(request.input),
             workflow_name=request.workflow_name,
             record_refusals=True,
+            owner=self.owner_of(request),
         )
         kind: OutcomeKind = "failed" if submitted.refused else "submitted"
         if not submitted.created:

@@ -133,11 +133,14 @@ class RequestsDeadLetters:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestsDeadLetters:
+        # bootstrap.servers and the TLS / SASL properties of every Kafka client.
+        client_config = settings.kafka_client_config()
         return cls(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
+            bootstrap_servers=client_config["bootstrap.servers"],
             dlq_topic=settings.dlq_topic,
             requests_topic=settings.requests_topic,
             decoder=RequestDecoder(settings.open_registry(), topic=settings.requests_topic),
+            client_config=client_config,
         )
 
     # ------------------------------------------------------------------ verbs

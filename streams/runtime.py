@@ -37,6 +37,7 @@ from store.pool import Pool, create_pool
 from store.records import Job, StepVerifier
 from store.retention import RetentionStore
 from store.runs import RunStore
+from store.tokens import TokenStore
 from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.health import HealthReport, HealthSource, PartHealth, report
@@ -45,8 +46,14 @@ from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
 from workflows.cache import DefinitionCache
+from workflows.checker import shared_checker
 from workflows.failures import StepFailure
-from workflows.invokers import HandlerRegistry, default_registry, load_handler_modules
+from workflows.invokers import (
+    GrpcChannels,
+    HandlerRegistry,
+    default_registry,
+    load_handler_modules,
+)
 from workflows.steps import CompiledWorkflow
 
 if TYPE_CHECKING:
@@ -71,10 +78,24 @@ class Runtime(mode.Service):
         # Handler modules register into the engine's default registry unless a
         # test hands in its own.
         self.registry = registry if registry is not None else default_registry
-        self.cache = cache if cache is not None else DefinitionCache()
+        # Snapshots were checked in full (rules probed, in the checker's child
+        # process) when submitted or stored; a claim only compiles them.
+        self.cache = (
+            cache
+            if cache is not None
+            else DefinitionCache(limits=settings.rule_limits(), probe=False)
+        )
+        self.checker = shared_checker(settings.rule_limits(), settings.compile_timeout_s)
+        self.target_policy = settings.target_policy()
+        self.channels = GrpcChannels(
+            policy=self.target_policy,
+            tls=settings.target_tls(),
+            max_channels=settings.step_channels_max,
+        )
         self.pool: Pool | None = None
         self.runs: RunStore | None = None
         self.definitions: DefinitionStore | None = None
+        self.tokens: TokenStore | None = None
         self.outbox: Outbox | None = None
         self.dead_letters: OutboxDeadLetters | None = None
         self.listener: Listener | None = None
@@ -102,6 +123,11 @@ class Runtime(mode.Service):
 
     async def on_start(self) -> None:
         settings = self.settings
+        if "api" in settings.roles and not settings.auth_enabled:
+            log.warning(
+                "!!! WFJOBS_AUTH=off: the HTTP verbs take no token and every caller may do "
+                "everything, to every job. Never run this on a network anyone else can reach. !!!"
+            )
         if "worker" in settings.roles:
             settings.require_worker_id()
             self.load_handlers()
@@ -133,6 +159,7 @@ class Runtime(mode.Service):
             max_event_bytes=settings.max_event_bytes,
         )
         self.definitions = DefinitionStore(pool)
+        self.tokens = TokenStore(pool)
         self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
         self.dead_letters = OutboxDeadLetters(pool)
         # One LISTEN connection serves every loop of this process.
@@ -153,6 +180,7 @@ class Runtime(mode.Service):
                 poll_interval_s=settings.poll_interval_s,
                 heartbeat_s=settings.effective_heartbeat_s,
                 max_per_target=settings.max_concurrent_per_target,
+                channels=self.channels,
                 wake=self.listener.subscribe(JOBS_QUEUED_CHANNEL),
                 grace_s=settings.shutdown_grace_s,
             )
@@ -194,6 +222,8 @@ class Runtime(mode.Service):
     async def on_shutdown(self) -> None:
         # Runs after every child loop has stopped: a segment finishing in its
         # grace, a hand-back and the relay's last pass all still had the pool.
+        with contextlib.suppress(Exception):
+            await self.channels.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await self.pool.close()
@@ -226,6 +256,11 @@ class Runtime(mode.Service):
         if self.definitions is None:
             raise self._unavailable()
         return self.definitions
+
+    def require_tokens(self) -> TokenStore:
+        if self.tokens is None:
+            raise self._unavailable()
+        return self.tokens
 
     async def admit(self, job_id: UUID | None) -> Job | None:
         """Whether a new job may be created now (see ``streams.admission``).
@@ -282,6 +317,17 @@ class Runtime(mode.Service):
     def compile(self, envelope: Mapping[str, Any], digest: str | None = None) -> CompiledWorkflow:
         """The compiled workflow for a definition snapshot, from the process cache."""
         return self.cache.get(envelope, digest=digest or None)
+
+    async def compile_submitted(self, envelope: Mapping[str, Any]) -> CompiledWorkflow:
+        """A definition someone submits or stores, off the event loop.
+
+        Its rules are checked in full under the time limit (see
+        ``DefinitionCache.compile_checked``), and its step targets against
+        ``WFJOBS_STEP_TARGETS``, before anything is written or dialled.
+        """
+        compiled = await self.cache.compile_checked(envelope, self.checker)
+        self.target_policy.check(compiled)
+        return compiled
 
     def step_verifier(
         self,

@@ -16,7 +16,10 @@ from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
 from store import pool
+from streams import kafka_security as client_security
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
+from workflows.rules import DEFAULT_RULE_CHARS, DEFAULT_RULE_NESTING, MAX_RULE_CHARS, RuleLimits
+from workflows.targets import TargetPolicy, TlsRule
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -40,10 +43,91 @@ class Settings:
     schema_registry_url: str = field(default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_URL"})
     event_format: str = field(default="protobuf", metadata={"env": "WFJOBS_EVENT_FORMAT"})
 
+    # How every Kafka client connects (mapped onto each library by
+    # streams.kafka_security). A ``*_file`` setting names a file holding the
+    # value of its partner, as mounted secrets do; set one of the two.
+    kafka_security_protocol: str = field(
+        default="PLAINTEXT", metadata={"env": "WFJOBS_KAFKA_SECURITY_PROTOCOL"}
+    )
+    kafka_sasl_mechanism: str = field(
+        default="PLAIN", metadata={"env": "WFJOBS_KAFKA_SASL_MECHANISM"}
+    )
+    kafka_sasl_username: str = field(default="", metadata={"env": "WFJOBS_KAFKA_SASL_USERNAME"})
+    kafka_sasl_username_file: str = field(
+        default="", metadata={"env": "WFJOBS_KAFKA_SASL_USERNAME_FILE"}
+    )
+    kafka_sasl_password: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_KAFKA_SASL_PASSWORD"}
+    )
+    kafka_sasl_password_file: str = field(
+        default="", metadata={"env": "WFJOBS_KAFKA_SASL_PASSWORD_FILE"}
+    )
+    kafka_oauth_token_url: str = field(default="", metadata={"env": "WFJOBS_KAFKA_OAUTH_TOKEN_URL"})
+    kafka_oauth_client_id: str = field(default="", metadata={"env": "WFJOBS_KAFKA_OAUTH_CLIENT_ID"})
+    kafka_oauth_client_secret: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET"}
+    )
+    kafka_oauth_client_secret_file: str = field(
+        default="", metadata={"env": "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE"}
+    )
+    kafka_oauth_scope: str = field(default="", metadata={"env": "WFJOBS_KAFKA_OAUTH_SCOPE"})
+    kafka_ssl_ca_file: str = field(default="", metadata={"env": "WFJOBS_KAFKA_SSL_CA_FILE"})
+    kafka_ssl_cert_file: str = field(default="", metadata={"env": "WFJOBS_KAFKA_SSL_CERT_FILE"})
+    kafka_ssl_key_file: str = field(default="", metadata={"env": "WFJOBS_KAFKA_SSL_KEY_FILE"})
+    kafka_ssl_key_password: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_KAFKA_SSL_KEY_PASSWORD"}
+    )
+    kafka_ssl_key_password_file: str = field(
+        default="", metadata={"env": "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE"}
+    )
+    kafka_ssl_check_hostname: bool = field(
+        default=True, metadata={"env": "WFJOBS_KAFKA_SSL_CHECK_HOSTNAME"}
+    )
+    # Any other librdkafka property, as a JSON object; applied last.
+    kafka_properties: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_KAFKA_PROPERTIES"}
+    )
+    # The registry client: USER:PASSWORD basic auth, TLS, and whether this
+    # process registers the contract's schemas or only uses the latest version.
+    schema_registry_basic_auth: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH"}
+    )
+    schema_registry_basic_auth_file: str = field(
+        default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH_FILE"}
+    )
+    schema_registry_ca_file: str = field(
+        default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_CA_FILE"}
+    )
+    schema_registry_cert_file: str = field(
+        default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_CERT_FILE"}
+    )
+    schema_registry_key_file: str = field(
+        default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_KEY_FILE"}
+    )
+    schema_registry_auto_register: bool = field(
+        default=True, metadata={"env": "WFJOBS_SCHEMA_REGISTRY_AUTO_REGISTER"}
+    )
+
     # Who this process is and what it does.
     worker_id: str = field(default="", metadata={"env": "WFJOBS_WORKER_ID"})
     roles: frozenset[str] = field(default=ROLES, metadata={"env": "WFJOBS_ROLES"})
     handler_modules: tuple[str, ...] = field(default=(), metadata={"env": "WFJOBS_HANDLERS"})
+
+    # Step targets (workflows.targets): the host:port patterns a step may call
+    # (none: in-process handlers only), TLS per pattern, and how many gRPC
+    # channels stay open at once.
+    step_targets: tuple[str, ...] = field(default=(), metadata={"env": "WFJOBS_STEP_TARGETS"})
+    step_target_tls: tuple[str, ...] = field(default=(), metadata={"env": "WFJOBS_STEP_TARGET_TLS"})
+    step_channels_max: int = field(default=64, metadata={"env": "WFJOBS_STEP_CHANNELS_MAX"})
+    # Rules (workflows.rules, workflows.checker): the caps every CEL rule must
+    # fit, and how long checking a definition's rules may take.
+    rule_max_chars: int = field(
+        default=DEFAULT_RULE_CHARS, metadata={"env": "WFJOBS_RULE_MAX_CHARS"}
+    )
+    rule_max_nesting: int = field(
+        default=DEFAULT_RULE_NESTING, metadata={"env": "WFJOBS_RULE_MAX_NESTING"}
+    )
+    compile_timeout_s: float = field(default=2.0, metadata={"env": "WFJOBS_COMPILE_TIMEOUT_S"})
 
     # Topics.
     requests_topic: str = field(
@@ -150,6 +234,15 @@ class Settings:
     # Migrations are a deployment step (``wfjobs migrate``, the compose file's
     # one-shot service); a worker applies them itself only when asked to.
     auto_migrate: bool = field(default=False, metadata={"env": "WFJOBS_AUTO_MIGRATE"})
+    # API tokens (streams.auth): "on" unless explicitly "off", which the
+    # worker logs loudly at start.
+    auth: str = field(default="on", metadata={"env": "WFJOBS_AUTH"})
+    # Who owns the jobs the request topic submits: a Kafka producer sends no
+    # token. With trust on, a request's own ``principal`` field wins when set.
+    request_principal: str = field(default="kafka", metadata={"env": "WFJOBS_REQUEST_PRINCIPAL"})
+    trust_request_principal: bool = field(
+        default=False, metadata={"env": "WFJOBS_TRUST_REQUEST_PRINCIPAL"}
+    )
     # Where Faust keeps its local state; empty means Faust's default
     # ("<app id>-data" under the working directory). No tables live there.
     data_dir: str = field(default="", metadata={"env": "WFJOBS_DATA_DIR"})
@@ -159,15 +252,36 @@ class Settings:
         return bool(self.database_url)
 
     @property
+    def auth_enabled(self) -> bool:
+        return self.auth == "on"
+
+    @property
     def dlq_topic(self) -> str:
         """Where undecodable requests go: explicit, else ``<requests_topic>.dlq``."""
         return self.requests_dlq_topic or defaults.dlq_topic_for(self.requests_topic)
 
     @property
     def broker_url(self) -> str:
-        """Faust's broker URL list: ``kafka://`` before each bootstrap server."""
-        servers = [s.strip() for s in self.kafka_bootstrap_servers.split(",") if s.strip()]
-        return ";".join(f"kafka://{server}" for server in servers)
+        """Faust's broker URL list: ``kafka://host:port`` for each bootstrap server.
+
+        A server written with a scheme (``SASL_SSL://host:port``) loses it first:
+        Faust would read that scheme as the host. TLS and SASL reach Faust as
+        ``broker_credentials`` (see ``kafka_security``).
+        """
+        return ";".join(f"kafka://{server}" for server in self.kafka_servers)
+
+    @property
+    def kafka_servers(self) -> list[str]:
+        """``KAFKA_BOOTSTRAP_SERVERS`` as ``host:port`` items, any ``scheme://`` dropped."""
+        return client_security.bootstrap_servers(self)
+
+    def kafka_security(self) -> client_security.KafkaSecurity:
+        """TLS and SASL of every Kafka client, secrets read from their files now."""
+        return client_security.kafka_security(self)
+
+    def kafka_client_config(self) -> dict[str, Any]:
+        """A librdkafka client's ``bootstrap.servers``, TLS, SASL and pass-through properties."""
+        return client_security.librdkafka_config(self)
 
     def open_registry(self) -> SchemaRegistryClient | None:
         """A client of ``WFJOBS_SCHEMA_REGISTRY_URL``, or ``None`` when none is configured."""
@@ -178,6 +292,7 @@ class Settings:
 
         return open_registry(
             self.schema_registry_url,
+            conf=client_security.registry_config(self),
             events_topic=self.events_topic,
             requests_topic=self.requests_topic,
         )
@@ -276,6 +391,13 @@ class Settings:
                 f"WFJOBS_RETENTION_PAUSE_S must not be negative, got {self.retention_pause_s}"
             )
         self.retention_policy()
+        self.target_policy()
+        self.target_tls()
+        self.rule_limits()
+        if self.step_channels_max < 1 or self.compile_timeout_s <= 0:
+            raise SettingsError(
+                "WFJOBS_STEP_CHANNELS_MAX and WFJOBS_COMPILE_TIMEOUT_S must be positive"
+            )
         if self.max_queued_jobs < 0:
             raise SettingsError(
                 f"WFJOBS_MAX_QUEUED_JOBS must be 0 (no cap) or positive, got {self.max_queued_jobs}"
@@ -284,12 +406,43 @@ class Settings:
             raise SettingsError("WFJOBS_POOL_MIN must be between 0 and WFJOBS_POOL_MAX")
         if not self.kafka_bootstrap_servers.strip():
             raise SettingsError("KAFKA_BOOTSTRAP_SERVERS must name at least one host:port")
+        try:
+            client_security.check(self)
+        except client_security.SecuritySettingsError as exc:
+            raise SettingsError(exc.message) from None
         if not self.consumer_group.strip():
             raise SettingsError("WFJOBS_GROUP must not be blank")
         if not 0 < self.web_port < 65536:
             raise SettingsError(f"WFJOBS_WEB_PORT must be a TCP port, got {self.web_port}")
         if self.heartbeat_s < 0 or self.heartbeat_s >= self.lease_s:
             raise SettingsError("WFJOBS_HEARTBEAT_S must be >= 0 and below WFJOBS_LEASE_S")
+        if self.auth not in {"on", "off"}:
+            raise SettingsError(f"WFJOBS_AUTH must be 'on' or 'off', got {self.auth!r}")
+        if not self.request_principal.strip():
+            raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
+
+    def target_policy(self) -> TargetPolicy:
+        """``WFJOBS_STEP_TARGETS``, parsed."""
+        try:
+            return TargetPolicy.parse(self.step_targets)
+        except ValueError as exc:
+            raise SettingsError(f"WFJOBS_STEP_TARGETS: {exc}") from None
+
+    def target_tls(self) -> tuple[TlsRule, ...]:
+        """``WFJOBS_STEP_TARGET_TLS``, parsed, its files read."""
+        try:
+            return tuple(TlsRule.parse(text) for text in self.step_target_tls)
+        except ValueError as exc:
+            raise SettingsError(f"WFJOBS_STEP_TARGET_TLS: {exc}") from None
+
+    def rule_limits(self) -> RuleLimits:
+        """``WFJOBS_RULE_MAX_CHARS`` and ``WFJOBS_RULE_MAX_NESTING``."""
+        if not 1 <= self.rule_max_chars <= MAX_RULE_CHARS or self.rule_max_nesting < 1:
+            raise SettingsError(
+                f"WFJOBS_RULE_MAX_CHARS must be between 1 and {MAX_RULE_CHARS} and "
+                "WFJOBS_RULE_MAX_NESTING at least 1"
+            )
+        return RuleLimits(max_chars=self.rule_max_chars, max_nesting=self.rule_max_nesting)
 
     def retention_policy(self) -> RetentionPolicy:
         """``WFJOBS_OUTBOX_RETENTION`` and ``WFJOBS_JOB_RETENTION``, parsed."""

@@ -31,7 +31,19 @@ GET      /healthz                                            liveness: 503 when 
                                                              stuck (``streams.health``)
 GET      /readyz                                             readiness: 503 while a part is
                                                              not serving yet
+GET      /v1/openapi.json                                    the OpenAPI document of these
+                                                             routes (``streams.openapi``)
 =======  ==================================================  ==========================
+
+Every route but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer
+<token>`` carrying the verb's scope, and reaches only the caller's own jobs
+unless the token is fleet-wide (``streams.auth``): submit needs ``submit``;
+get and list, of jobs and of stored workflows, ``read``; complete-step
+``complete``; storing a workflow and the outbox and dead-letter routes
+``admin`` (the dead-letter topic's messages belong to nobody, so those routes
+also need ``fleet``). A stored workflow's version is its ``ETag``; a PUT with
+``If-Match: "N"`` lands only on version N, one with ``If-None-Match: *`` only
+creates, and a refused one answers 412 ``VERSION_MISMATCH``.
 
 complete-step answers 200 for the outcomes COMPLETED, ALREADY_DONE and REJECTED:
 a rejected response is the workflow's answer (the job FAILED with that verdict),
@@ -40,7 +52,10 @@ WRONG_STATE is the one outcome that is an error: 409 with code WRONG_STATE and
 a message naming the job's current status.
 
 Every error is ``{"code": ..., "message": ...}`` (``ErrorBody``), with the HTTP
-status taken from ``HTTP_STATUS`` and nowhere else.
+status taken from ``HTTP_STATUS`` and nowhere else; ``streams.http_errors``
+answers that way for everything the verbs do not (unknown routes, parser
+refusals, bugs) and holds the checks every input passes (JSON media type,
+U+0000, nesting depth).
 
 ``HttpVerbs`` translates: a body or query into the arguments of a verb of
 ``streams.jobs.Jobs`` (which owns what the verb means, for every way in), and
@@ -50,10 +65,10 @@ Faust views only read the request and send the reply.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web as aiohttp_web
@@ -62,6 +77,9 @@ from google.protobuf.message import Message
 
 from schemas.contract import api_pb2, check_incoming, from_json, parse_job_id, to_json
 from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
+from store.errors import outages_as_unavailable
+from streams import auth, http_errors
+from streams.auth import Authenticator, Caller
 from streams.convert import (
     job_message,
     job_summary_message,
@@ -70,7 +88,9 @@ from streams.convert import (
     struct_to_dict,
 )
 from streams.health import HealthReport
+from streams.http_errors import load_json
 from streams.jobs import Jobs
+from streams.openapi import register_openapi
 
 if TYPE_CHECKING:
     import faust
@@ -83,12 +103,19 @@ log = logging.getLogger(__name__)
 # The one table from error codes to HTTP statuses.
 HTTP_STATUS: Mapping[str, int] = {
     "INVALID_ARGUMENT": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,
     "FAILED_PRECONDITION": 409,
     "ALREADY_EXISTS": 409,
     "WRONG_STATE": 409,
+    "METHOD_NOT_ALLOWED": 405,
+    "VERSION_MISMATCH": 412,
     "PAYLOAD_TOO_LARGE": 413,
+    "URI_TOO_LONG": 414,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
     "RESOURCE_EXHAUSTED": 429,
+    "HEADERS_TOO_LARGE": 431,
     "UNAVAILABLE": 503,
     "INTERNAL": 500,
 }
@@ -97,42 +124,65 @@ LIST_JOBS_PARAMETERS = ("status", "workflow_name", "limit", "page_token")
 LIST_OUTBOX_PARAMETERS = ("status", "job_id", "limit", "page_token")
 LIST_REQUESTS_DLQ_PARAMETERS = ("max",)
 
-# The aiohttp statuses we render as ErrorBody instead of aiohttp's plain text.
-_FRAMEWORK_CODES: Mapping[int, str] = {
-    404: "NOT_FOUND",
-    405: "INVALID_ARGUMENT",
-    413: "PAYLOAD_TOO_LARGE",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     status: int
     body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def error_reply(code: str, message: str) -> Reply:
-    return Reply(HTTP_STATUS.get(code, 500), to_json(api_pb2.ErrorBody(code=code, message=message)))
+    # A 401 names the scheme it wants (RFC 9110).
+    headers = (
+        {"WWW-Authenticate": 'Bearer realm="workflow-jobs"'} if code == "UNAUTHENTICATED" else {}
+    )
+    return Reply(
+        HTTP_STATUS.get(code, 500),
+        to_json(api_pb2.ErrorBody(code=code, message=message)),
+        headers,
+    )
+
+
+def _etag(version: int) -> dict[str, str]:
+    return {"ETag": f'"{version}"'}
+
+
+def write_conditions(if_match: str | None, if_none_match: str | None) -> tuple[int | None, bool]:
+    """``(if_version, create_only)`` from a PUT's ``If-Match`` / ``If-None-Match``."""
+    if if_match is not None and if_none_match is not None:
+        raise InvalidArgument("send If-Match or If-None-Match, not both")
+    if if_none_match is not None:
+        if if_none_match.strip() != "*":
+            raise InvalidArgument(f"If-None-Match must be * (create only), got {if_none_match!r}")
+        return None, True
+    if if_match is None:
+        return None, False
+    raw = if_match.strip()
+    unquoted = raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
+    if not unquoted.isdigit() or int(unquoted) < 1:
+        raise InvalidArgument(
+            f'If-Match must be a stored version\'s ETag, like "3", got {if_match!r}'
+        )
+    return int(unquoted), False
 
 
 async def answer(call: Callable[[], Awaitable[Reply]]) -> Reply:
-    """Run one verb and turn whatever it raises into an ``ErrorBody`` reply."""
+    """Run one verb and turn the errors it raises on purpose into an ``ErrorBody`` reply.
+
+    Anything else is a bug: it propagates to ``streams.http_errors``, which
+    logs it with a request id and answers 500 with that id and nothing more.
+    """
     try:
         return await call()
     except WorkflowJobsError as exc:
         return error_reply(exc.code, exc.message)
-    except Exception as exc:
-        log.exception("internal error while serving a request")
-        return error_reply("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     if not body.strip():
         raise InvalidArgument(f"{what} needs a JSON object body, got an empty body")
-    try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"the body of {what} is not valid JSON: {exc}") from None
+    value = load_json(body, what)
     if not isinstance(value, dict):
         raise InvalidArgument(
             f"the body of {what} must be a JSON object, got {type(value).__name__}"
@@ -173,10 +223,20 @@ def _one_selector(data: Mapping[str, Any], selectors: tuple[str, ...], verb: str
     return given[0]
 
 
-def _parse(body: bytes, message: Message, what: str) -> Message:
+def _parse_now(body: bytes, message: Message, what: str) -> Message:
     from_json(_json_object(body, what), message)
     check_incoming(message)
     return message
+
+
+async def _parse(body: bytes, message: Message, what: str) -> Message:
+    """``message`` from a JSON body, validated: off the event loop.
+
+    Scanning, decoding and validating a definition costs a millisecond or more
+    a request; a burst of them handled in one turn of the loop would hold up
+    heartbeats and leases for their sum.
+    """
+    return await asyncio.to_thread(_parse_now, body, message, what)
 
 
 class HttpVerbs:
@@ -185,44 +245,61 @@ class HttpVerbs:
     def __init__(self, runtime: Runtime, jobs: Jobs | None = None) -> None:
         self._runtime = runtime
         self.jobs = jobs if jobs is not None else Jobs(runtime)
+        self.authenticator = Authenticator(
+            runtime.require_tokens, enabled=runtime.settings.auth_enabled
+        )
 
     @property
     def max_body_bytes(self) -> int:
         return self._runtime.settings.max_body_bytes
 
+    async def authorize(self, authorization: str | None, scope: str) -> Caller:
+        """The caller an ``Authorization`` header names, if its token carries ``scope``."""
+        with outages_as_unavailable():
+            caller = await self.authenticator.authenticate(authorization)
+        caller.require(scope)
+        return caller
+
     # ------------------------------------------------------------------ jobs
 
-    async def submit(self, body: bytes) -> Reply:
+    async def submit(self, caller: Caller, body: bytes) -> Reply:
         request = cast(
             api_pb2.SubmitWorkflowRequest,
-            _parse(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
+            await _parse(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
         )
+        if request.HasField("workflow"):
+            # A definition sent with the job names its own step targets and
+            # rules: a scope of its own, beyond submitting stored workflows.
+            auth.require_inline_definitions(caller)
         submitted = await self.jobs.submit(
             job_id=parse_job_id(request.job_id) if request.job_id else None,
             input=struct_to_dict(request.input),
             workflow=struct_to_dict(request.workflow) if request.HasField("workflow") else None,
             workflow_name=request.workflow_name,
             max_attempts=request.max_attempts or None,
+            owner=caller.principal,
+            owner_only=not caller.fleet_wide,
         )
         response = api_pb2.SubmitWorkflowResponse(
             job=job_message(submitted.job), created=submitted.created
         )
         return Reply(201 if submitted.created else 200, message_json(response))
 
-    async def get_job(self, job_id: str) -> Reply:
+    async def get_job(self, caller: Caller, job_id: str) -> Reply:
         request = api_pb2.GetJobRequest(job_id=job_id)
         parsed = parse_job_id(job_id)
         check_incoming(request)
-        job = await self.jobs.get_job(parsed)
+        job = await self.jobs.get_job(parsed, owner=caller.visible_owner)
         return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job))))
 
-    async def list_jobs(self, query: Mapping[str, str]) -> Reply:
+    async def list_jobs(self, caller: Caller, query: Mapping[str, str]) -> Reply:
         _only_parameters(query, LIST_JOBS_PARAMETERS, "list-jobs")
         page = await self.jobs.list_jobs(
             status=query.get("status", "").strip(),
             workflow_name=query.get("workflow_name", "").strip(),
             limit=_int_parameter(query, "limit", 0),
             page_token=query.get("page_token", ""),
+            owner=caller.visible_owner,
         )
         response = api_pb2.ListJobsResponse(
             jobs=[job_summary_message(job) for job in page.jobs],
@@ -230,8 +307,11 @@ class HttpVerbs:
         )
         return Reply(200, message_json(response))
 
-    async def complete_step(self, job_id: str, step_name: str, body: bytes) -> Reply:
-        data = _json_object(body, "complete-step")
+    async def complete_step(
+        self, caller: Caller, job_id: str, step_name: str, body: bytes
+    ) -> Reply:
+        http_errors.refuse_nul("path parameter step_name", step_name)
+        data = await asyncio.to_thread(_json_object, body, "complete-step")
         for key, value in (("job_id", job_id), ("step_name", step_name)):
             given = data.setdefault(key, value)
             if given != value:
@@ -242,7 +322,10 @@ class HttpVerbs:
         request = cast(api_pb2.CompleteStepRequest, from_json(data, api_pb2.CompleteStepRequest()))
         check_incoming(request)
         result = await self.jobs.complete_step(
-            job_id=parsed, step_name=step_name, response=struct_to_dict(request.response)
+            job_id=parsed,
+            step_name=step_name,
+            response=struct_to_dict(request.response),
+            owner=caller.visible_owner,
         )
         response = api_pb2.CompleteStepResponse(
             outcome=result.outcome,
@@ -253,19 +336,32 @@ class HttpVerbs:
 
     # ------------------------------------------------------------------ stored workflows
 
-    async def put_workflow(self, name: str, body: bytes) -> Reply:
+    async def put_workflow(
+        self,
+        name: str,
+        body: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
+    ) -> Reply:
+        if_version, create_only = write_conditions(if_match, if_none_match)
         request = cast(
             api_pb2.PutWorkflowRequest,
-            _parse(body, api_pb2.PutWorkflowRequest(), "put-workflow"),
+            await _parse(body, api_pb2.PutWorkflowRequest(), "put-workflow"),
         )
-        stored = await self.jobs.put_workflow(name, struct_to_dict(request.workflow))
+        stored = await self.jobs.put_workflow(
+            name,
+            struct_to_dict(request.workflow),
+            if_version=if_version,
+            create_only=create_only,
+        )
         response = api_pb2.PutWorkflowResponse(workflow=stored_workflow_message(stored))
-        return Reply(200, message_json(response))
+        return Reply(200, message_json(response), _etag(stored.version))
 
     async def get_workflow(self, name: str) -> Reply:
         stored = await self.jobs.get_workflow(name)
         response = api_pb2.GetWorkflowResponse(workflow=stored_workflow_message(stored))
-        return Reply(200, message_json(response))
+        return Reply(200, message_json(response), _etag(stored.version))
 
     async def list_workflows(self, query: Mapping[str, str]) -> Reply:
         if query:
@@ -280,7 +376,7 @@ class HttpVerbs:
 
     # ------------------------------------------------------------------ dead letters
 
-    async def list_outbox(self, query: Mapping[str, str]) -> Reply:
+    async def list_outbox(self, caller: Caller, query: Mapping[str, str]) -> Reply:
         """FAILED outbox rows (the relay's dead letters), oldest first."""
         _only_parameters(query, LIST_OUTBOX_PARAMETERS, "the outbox listing")
         status = query.get("status", "").strip() or "FAILED"
@@ -291,6 +387,7 @@ class HttpVerbs:
             job_id=parse_job_id(job_id) if job_id else None,
             limit=_int_parameter(query, "limit", 0),
             page_token=query.get("page_token", "").strip(),
+            owner=caller.visible_owner,
         )
         events = [
             {
@@ -305,7 +402,7 @@ class HttpVerbs:
         ]
         return Reply(200, {"events": events, "next_page_token": page.next_page_token})
 
-    async def redrive_outbox(self, body: bytes) -> Reply:
+    async def redrive_outbox(self, caller: Caller, body: bytes) -> Reply:
         """FAILED outbox rows back to PENDING: by id, one job's, or all."""
         data = _json_object(body, "the outbox redrive")
         selector = _one_selector(data, ("ids", "job_id", "all"), "the outbox redrive")
@@ -319,22 +416,26 @@ class HttpVerbs:
                 raise InvalidArgument(
                     f"ids must be a non-empty list of outbox row ids, got {ids!r}"
                 )
-            redriven = await self.jobs.redrive_events(ids=ids)
+            redriven = await self.jobs.redrive_events(ids=ids, owner=caller.visible_owner)
         elif selector == "job_id":
             if not isinstance(data["job_id"], str):
                 raise InvalidArgument(f"job_id must be a UUID, got {data['job_id']!r}")
-            redriven = await self.jobs.redrive_events(job_id=parse_job_id(data["job_id"]))
+            redriven = await self.jobs.redrive_events(
+                job_id=parse_job_id(data["job_id"]), owner=caller.visible_owner
+            )
         else:
-            redriven = await self.jobs.redrive_events()
+            redriven = await self.jobs.redrive_events(owner=caller.visible_owner)
         body_out = {
             "redriven": [{"id": i, "job_id": str(job)} for i, job in redriven.events],
             "not_failed": list(redriven.not_failed),
         }
         return Reply(200, body_out)
 
-    async def list_requests_dlq(self, query: Mapping[str, str]) -> Reply:
+    async def list_requests_dlq(self, caller: Caller, query: Mapping[str, str]) -> Reply:
         """What the request agent dead-lettered, with the reasons."""
         from streams.requests_dlq import DEFAULT_LIST_MAX
+
+        caller.require_fleet("dead-lettered requests")
 
         _only_parameters(query, LIST_REQUESTS_DLQ_PARAMETERS, "the dead-letter listing")
         limit = _int_parameter(query, "max", DEFAULT_LIST_MAX)
@@ -348,8 +449,9 @@ class HttpVerbs:
             },
         )
 
-    async def redrive_requests_dlq(self, body: bytes) -> Reply:
+    async def redrive_requests_dlq(self, caller: Caller, body: bytes) -> Reply:
         """Dead-lettered requests back to the requests topic: by position, or all."""
+        caller.require_fleet("dead-lettered requests")
         data = _json_object(body, "the dead-letter redrive")
         selector = _one_selector(data, ("positions", "all"), "the dead-letter redrive")
         positions: list[Position] | None = None
@@ -414,6 +516,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     before it is read; a body without a length is counted as it streams.
     """
     raw = cast(aiohttp_web.Request, request)
+    http_errors.require_json(raw)
     declared = raw.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {limit} bytes")
@@ -434,33 +537,21 @@ def _query(request: Request) -> dict[str, str]:
         if key in query:
             raise InvalidArgument(f"query parameter {key!r} is given more than once")
         query[key] = value
+    http_errors.check_query(query)
     return query
 
 
 async def _respond(view: View, call: Callable[[], Awaitable[Reply]]) -> Response:
     reply = await answer(call)
-    return view.json(reply.body, status=reply.status)
+    return view.json(reply.body, status=reply.status, headers=dict(reply.headers))
 
 
-@aiohttp_web.middleware
-async def json_errors(
-    request: aiohttp_web.Request,
-    handler: Callable[[aiohttp_web.Request], Awaitable[aiohttp_web.StreamResponse]],
-) -> aiohttp_web.StreamResponse:
-    """Unknown paths and methods answer an ``ErrorBody`` too, not aiohttp's text."""
-    try:
-        return await handler(request)
-    except aiohttp_web.HTTPException as exc:
-        code = _FRAMEWORK_CODES.get(exc.status)
-        if code is None or not request.path.startswith("/v1/"):
-            raise
-        message = {
-            404: f"no such resource: {request.path}",
-            405: f"method {request.method} is not allowed on {request.path}",
-            413: exc.text or "the body is too large",
-        }[exc.status]
-        body = to_json(api_pb2.ErrorBody(code=code, message=message))
-        return aiohttp_web.json_response(body, status=exc.status)
+def _authorization(request: Request) -> str | None:
+    return cast(aiohttp_web.Request, request).headers.get("Authorization")
+
+
+def _header(request: Request, name: str) -> str | None:
+    return cast(aiohttp_web.Request, request).headers.get(name)
 
 
 def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
@@ -476,27 +567,37 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, api.readiness)
 
+    http_errors.install(app, HTTP_STATUS)
     if not verbs:
         return
+    register_openapi(app)
 
-    web_app = cast(Any, app.web).web_app
-    web_app.middlewares.append(json_errors)
-
+    # Each call authorizes first: nothing of a request (body, query) is read
+    # for a caller who may not make it.
     @app.page("/v1/workflow-runs")
     class WorkflowRuns(View):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
-                return await api.submit(await read_body(request, api.max_body_bytes))
+                caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                return await api.submit(caller, await read_body(request, api.max_body_bytes))
 
             return await _respond(self, call)
 
         async def get(self, request: Request, **_: Any) -> Response:
-            return await _respond(self, lambda: api.list_jobs(_query(request)))
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.READ)
+                return await api.list_jobs(caller, _query(request))
+
+            return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id}")
     class WorkflowRun(View):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
-            return await _respond(self, lambda: api.get_job(job_id))
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.READ)
+                return await api.get_job(caller, job_id)
+
+            return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id}/steps/{step_name}:complete")
     class CompleteStep(View):
@@ -504,51 +605,77 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             self, request: Request, job_id: str = "", step_name: str = "", **_: Any
         ) -> Response:
             async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.COMPLETE)
                 body = await read_body(request, api.max_body_bytes)
-                return await api.complete_step(job_id, step_name, body)
+                return await api.complete_step(caller, job_id, step_name, body)
 
             return await _respond(self, call)
 
     @app.page("/v1/workflows")
     class Workflows(View):
         async def get(self, request: Request, **_: Any) -> Response:
-            return await _respond(self, lambda: api.list_workflows(_query(request)))
+            async def call() -> Reply:
+                await api.authorize(_authorization(request), auth.READ)
+                return await api.list_workflows(_query(request))
+
+            return await _respond(self, call)
 
     @app.page("/v1/outbox")
     class OutboxView(View):
         async def get(self, request: Request, **_: Any) -> Response:
-            return await _respond(self, lambda: api.list_outbox(_query(request)))
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.ADMIN)
+                return await api.list_outbox(caller, _query(request))
+
+            return await _respond(self, call)
 
     @app.page("/v1/outbox:redrive")
     class OutboxRedrive(View):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
-                return await api.redrive_outbox(await read_body(request, api.max_body_bytes))
+                caller = await api.authorize(_authorization(request), auth.ADMIN)
+                body = await read_body(request, api.max_body_bytes)
+                return await api.redrive_outbox(caller, body)
 
             return await _respond(self, call)
 
     @app.page("/v1/requests-dlq")
     class RequestsDlq(View):
         async def get(self, request: Request, **_: Any) -> Response:
-            return await _respond(self, lambda: api.list_requests_dlq(_query(request)))
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.ADMIN)
+                return await api.list_requests_dlq(caller, _query(request))
+
+            return await _respond(self, call)
 
     @app.page("/v1/requests-dlq:redrive")
     class RequestsDlqRedrive(View):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.ADMIN)
                 body = await read_body(request, api.max_body_bytes)
-                return await api.redrive_requests_dlq(body)
+                return await api.redrive_requests_dlq(caller, body)
 
             return await _respond(self, call)
 
     @app.page("/v1/workflows/{name}")
     class StoredWorkflowView(View):
         async def get(self, request: Request, name: str = "", **_: Any) -> Response:
-            return await _respond(self, lambda: api.get_workflow(name))
+            async def call() -> Reply:
+                await api.authorize(_authorization(request), auth.READ)
+                return await api.get_workflow(name)
+
+            return await _respond(self, call)
 
         async def put(self, request: Request, name: str = "", **_: Any) -> Response:
             async def call() -> Reply:
-                return await api.put_workflow(name, await read_body(request, api.max_body_bytes))
+                await api.authorize(_authorization(request), auth.ADMIN)
+                return await api.put_workflow(
+                    name,
+                    await read_body(request, api.max_body_bytes),
+                    if_match=_header(request, "If-Match"),
+                    if_none_match=_header(request, "If-None-Match"),
+                )
 
             return await _respond(self, call)
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
-from workflows.compiler import compile_definition
-from workflows.envelope import definition_hash
+from workflows.compiler import check_envelope_limits, compile_definition
+from workflows.envelope import DefinitionError, definition_hash
+from workflows.protojson import describe_value
+from workflows.rules import DEFAULT_LIMITS, RuleLimits
 from workflows.steps import CompiledWorkflow
+
+if TYPE_CHECKING:
+    # Not imported at run time: ``python -m workflows.checker`` must find the
+    # package without it.
+    from workflows.checker import DefinitionChecker
+
+# Compilation off the event loop: few threads, so that a burst of submits
+# queues here instead of taking turns with the loop for the interpreter.
+_COMPILE_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wfjobs-compile")
 
 
 class DefinitionCache:
@@ -17,12 +31,20 @@ class DefinitionCache:
     A claim looks its snapshot up here, so base64 is decoded and CEL compiled
     once per distinct definition per process, not once per job. Safe to share
     between threads. Failed compilations are not cached.
+
+    Every rule must fit ``limits``. With ``probe`` off, :meth:`get` does not
+    evaluate rules against probe values: for a service whose snapshots were
+    checked in full when they were submitted (see :meth:`compile_checked`).
     """
 
-    def __init__(self, maxsize: int = 256) -> None:
+    def __init__(
+        self, maxsize: int = 256, *, limits: RuleLimits = DEFAULT_LIMITS, probe: bool = True
+    ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
         self.maxsize = maxsize
+        self.limits = limits
+        self.probe = probe
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[str, CompiledWorkflow] = OrderedDict()
@@ -31,13 +53,10 @@ class DefinitionCache:
     def get(self, envelope: Any, *, digest: str | None = None) -> CompiledWorkflow:
         """The compiled form of ``envelope``; pass ``digest`` when it is already known."""
         key = digest or definition_hash(envelope)
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return found
-        compiled = compile_definition(envelope, digest=key)
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        compiled = compile_definition(envelope, digest=key, limits=self.limits, probe=self.probe)
         with self._lock:
             self.misses += 1
             self._entries[key] = compiled
@@ -45,6 +64,53 @@ class DefinitionCache:
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         return compiled
+
+    def _lookup(self, key: str) -> CompiledWorkflow | None:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+            return found
+
+    async def compile_checked(
+        self, envelope: Mapping[str, Any], checker: DefinitionChecker
+    ) -> CompiledWorkflow:
+        """The compiled form of a definition someone is submitting or storing.
+
+        Nothing runs on the event loop but the cache lookup: the hash, the
+        limits and the compilation run on a compile thread, and the rules are
+        evaluated against probe values in ``checker``'s child process, under
+        its time limit. A definition already cached was checked before.
+        """
+        if not isinstance(envelope, Mapping):
+            raise DefinitionError(
+                f"a workflow definition must be a JSON object, got {describe_value(envelope)}"
+            )
+        loop = asyncio.get_running_loop()
+        key = await loop.run_in_executor(_COMPILE_THREADS, self._prepare, envelope, checker)
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        await loop.run_in_executor(_COMPILE_THREADS, checker.check, envelope)
+        return await loop.run_in_executor(_COMPILE_THREADS, self._compile, envelope, key)
+
+    async def validate_input(self, compiled: CompiledWorkflow, input: Any) -> dict[str, Any]:
+        """``compiled.validate_input(input)`` on a compile thread: it runs the first
+        step's rules against the input, whose size the submitter chooses."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_COMPILE_THREADS, compiled.validate_input, input)
+
+    def _prepare(self, envelope: Mapping[str, Any], checker: DefinitionChecker) -> str:
+        key = definition_hash(envelope)
+        if key not in self:
+            # The cheap refusal first: no child process is asked about a rule
+            # that is too long or nests too deep.
+            check_envelope_limits(envelope, checker.limits)
+        return key
+
+    def _compile(self, envelope: Mapping[str, Any], key: str) -> CompiledWorkflow:
+        return self.get(envelope, digest=key)
 
     def __contains__(self, digest: object) -> bool:
         with self._lock:

@@ -10,6 +10,7 @@ part by part, in envelope order.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import protovalidate
@@ -36,10 +37,13 @@ from workflows.envelope import (
 )
 from workflows.protojson import describe_value, descriptor_of, message_class
 from workflows.rules import (
+    DEFAULT_LIMITS,
     Explain,
     Probes,
     Rule,
     RuleError,
+    RuleLimits,
+    check_limits,
     check_rule,
     make_rule,
     make_setter,
@@ -48,9 +52,25 @@ from workflows.rules import (
 )
 from workflows.steps import CompiledWorkflow, Step, first_line
 
+Progress = Callable[[str], None]
 
-def compile_definition(envelope: Any, *, digest: str | None = None) -> CompiledWorkflow:
-    """Parse, resolve and compile a definition envelope; raise :class:`DefinitionError`."""
+
+def compile_definition(
+    envelope: Any,
+    *,
+    digest: str | None = None,
+    limits: RuleLimits = DEFAULT_LIMITS,
+    probe: bool = True,
+    progress: Progress | None = None,
+) -> CompiledWorkflow:
+    """Parse, resolve and compile a definition envelope; raise :class:`DefinitionError`.
+
+    Every rule must fit ``limits`` before anything is compiled. ``probe``
+    evaluates each rule against probe values of its types (see
+    ``workflows.rules``); that is the one part whose cost a rule's author
+    controls, so the service runs it in ``workflows.checker`` and compiles
+    without it. ``progress`` is told where each rule is before it is checked.
+    """
     if not isinstance(envelope, Mapping):
         raise DefinitionError(
             f"a workflow definition must be a JSON object, got {describe_value(envelope)}"
@@ -58,6 +78,8 @@ def compile_definition(envelope: Any, *, digest: str | None = None) -> CompiledW
     digest = digest or definition_hash(envelope)
     only_keys(envelope, TOP_KEYS, "definition", "")
     name = parse_name(envelope)
+    check_envelope_limits(envelope, limits)
+    checking = _Checking(probe, progress)
     encoded = descriptor_set_base64(envelope)
     try:
         schema = descriptors.load(encoded)
@@ -81,13 +103,13 @@ def compile_definition(envelope: Any, *, digest: str | None = None) -> CompiledW
     env: dict[str, Descriptor] = {"input": input_descriptor}
     steps: list[Step] = []
     for index, raw in enumerate(envelope_steps):
-        step = _compile_step(index, raw, names, schema, env, probes, validator, codecs)
+        step = _compile_step(index, raw, names, schema, env, probes, validator, codecs, checking)
         steps.append(step)
         env[step.name] = descriptor_of(step.response_type)
 
-    output = _compile_output(envelope.get("output"), env, probes)
+    output = _compile_output(envelope.get("output"), env, probes, checking)
     input_type = message_class(input_descriptor)
-    if validator is not None:
+    if validator is not None and probe:
         _precheck_validator(validator, input_type, "inputType")
         for step in steps:
             _precheck_validator(validator, step.response_type, f"steps[{step.index}] {step.name!r}")
@@ -105,6 +127,43 @@ def compile_definition(envelope: Any, *, digest: str | None = None) -> CompiledW
     )
 
 
+def check_envelope_limits(envelope: Mapping[Any, Any], limits: RuleLimits) -> None:
+    """Every rule text of ``envelope`` against ``limits``, before anything is compiled.
+
+    Only well-formed parts are looked at; the compiler reports the rest.
+    """
+    places: list[tuple[str, str, Any]] = [("output", "output", envelope.get("output"))]
+    steps = envelope.get("steps")
+    if isinstance(steps, list):
+        for index, raw in enumerate(steps):
+            if not isinstance(raw, Mapping):
+                continue
+            name = raw.get("name")
+            where = f"steps[{index}] {name!r}" if isinstance(name, str) else f"steps[{index}]"
+            for key in ("rules", "validate"):
+                places.append((f"{where}, {key}", f"steps[{index}].{key}", raw.get(key)))
+    for where, path, value in places:
+        if not isinstance(value, list):
+            continue
+        for position, text in enumerate(value):
+            if not isinstance(text, str):
+                continue
+            try:
+                check_limits(text, limits)
+            except RuleError as exc:
+                shown = text.strip()
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                raise DefinitionError(
+                    f"{where}[{position}] `{shown}`: {exc}", path=f"{path}[{position}]"
+                ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Checking:
+    probe: bool
+    progress: Progress | None
+
+
 def _precheck_validator(
     validator: protovalidate.Validator, message_type: type[Message], where: str
 ) -> None:
@@ -119,11 +178,17 @@ def _precheck_validator(
 
 
 def _compile_rules(
-    value: Any, where: str, path: str, compile_one: Callable[[int, str], Rule]
+    value: Any,
+    where: str,
+    path: str,
+    compile_one: Callable[[int, str], Rule],
+    checking: _Checking,
 ) -> tuple[Rule, ...]:
     """Compile each rule under one key; a RuleError comes out quoting the rule and its place."""
     rules: list[Rule] = []
     for position, text in enumerate(rule_texts(value, where, path)):
+        if checking.progress is not None:
+            checking.progress(f"{where}[{position}]")
         try:
             rules.append(compile_one(position, text))
         except RuleError as exc:
@@ -137,6 +202,7 @@ def _assignment_compiler(
     env: Mapping[str, Descriptor],
     probes: Probes,
     explain: Explain,
+    checking: _Checking,
     request: Descriptor | None = None,
 ) -> Callable[[int, str], Rule]:
     """Compiles ``field = expression`` rules, refusing two that assign the same field.
@@ -156,7 +222,14 @@ def _assignment_compiler(
         _check_overlap(target_path, assigned, position)
         assigned[target_path] = position
         rule = make_rule(text.strip(), expression, env, target_path)
-        check_rule(rule, env, probes, explain_unknown=explain, target_class=target_class)
+        check_rule(
+            rule,
+            env,
+            probes,
+            explain_unknown=explain,
+            target_class=target_class,
+            probe=checking.probe,
+        )
         return rule
 
     return compile_one
@@ -171,6 +244,7 @@ def _compile_step(
     probes: Probes,
     validator: protovalidate.Validator | None,
     codecs: Codecs,
+    checking: _Checking,
 ) -> Step:
     name = names[index]
     where = f"steps[{index}] {name!r}"
@@ -212,8 +286,10 @@ def _compile_step(
             env,
             probes,
             lambda unknown: explain(unknown, validating=False),
+            checking,
             request=method.input_type,
         ),
+        checking,
     )
 
     validate_env = {**env, name: method.output_type, "response": method.output_type}
@@ -227,11 +303,12 @@ def _compile_step(
             probes,
             explain_unknown=lambda unknown: explain(unknown, validating=True),
             boolean=True,
+            probe=checking.probe,
         )
         return rule
 
     checks = _compile_rules(
-        raw.get("validate"), f"{where}, validate", f"{path}.validate", compile_check
+        raw.get("validate"), f"{where}, validate", f"{path}.validate", compile_check, checking
     )
     # Judging a complete-step response needs the job's input and checkpoints only then.
     reads_scope = any(variable in env for rule in checks for variable in rule.program.variables())
@@ -270,11 +347,15 @@ def _check_overlap(
             )
 
 
-def _compile_output(value: Any, env: dict[str, Descriptor], probes: Probes) -> tuple[Rule, ...]:
+def _compile_output(
+    value: Any, env: dict[str, Descriptor], probes: Probes, checking: _Checking
+) -> tuple[Rule, ...]:
     def explain(unknown: str) -> str:
         return (
             f"refers to {unknown!r}, which is neither the input nor a step; "
             f"in scope: {', '.join(env)}"
         )
 
-    return _compile_rules(value, "output", "output", _assignment_compiler(env, probes, explain))
+    return _compile_rules(
+        value, "output", "output", _assignment_compiler(env, probes, explain, checking), checking
+    )

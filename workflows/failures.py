@@ -117,6 +117,40 @@ def classify(exc: BaseException, step_name: str) -> StepFailure:
     return StepFailure(FailureKind.NON_RETRYABLE, step_name, f"{type(exc).__name__}: {exc}")
 
 
+# What a job records when a remote step's call fails: the status and one of
+# these, never the transport's own text, which echoes what the peer sent and
+# would tell a definition's author what listens where.
+_TRANSPORT_MESSAGES = {
+    grpc.StatusCode.CANCELLED: "the call was cancelled",
+    grpc.StatusCode.UNKNOWN: "the target failed the call",
+    grpc.StatusCode.INVALID_ARGUMENT: "the target refused the request as invalid",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "the target did not answer within the deadline",
+    grpc.StatusCode.NOT_FOUND: "the target reported something not found",
+    grpc.StatusCode.ALREADY_EXISTS: "the target reported something already existing",
+    grpc.StatusCode.PERMISSION_DENIED: "the target denied permission",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the target is out of capacity",
+    grpc.StatusCode.FAILED_PRECONDITION: "the target refused the call in its current state",
+    grpc.StatusCode.ABORTED: "the target aborted the call",
+    grpc.StatusCode.OUT_OF_RANGE: "the target reported a value out of range",
+    grpc.StatusCode.UNIMPLEMENTED: "the target does not implement the method",
+    grpc.StatusCode.INTERNAL: "the call failed inside the target or the transport",
+    grpc.StatusCode.UNAVAILABLE: "the target could not be reached or is not serving",
+    grpc.StatusCode.DATA_LOSS: "the target reported data loss",
+    grpc.StatusCode.UNAUTHENTICATED: "the target did not accept the caller's credentials",
+}
+
+
+def transport_failure(exc: grpc.RpcError, step_name: str, target: str) -> StepFailure:
+    """A remote call's failure, classified: its status code and a fixed short message."""
+    code = _grpc_code(exc)
+    name = code.name if code is not None else "UNKNOWN"
+    kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
+    message = _TRANSPORT_MESSAGES.get(code, "the call failed") if code is not None else ""
+    return StepFailure(
+        kind, step_name, f"gRPC {name} from {target}: {message or 'the call failed'}"
+    )
+
+
 def _grpc_code(exc: grpc.RpcError) -> grpc.StatusCode | None:
     code = getattr(exc, "code", None)
     if not callable(code):
@@ -142,4 +176,5 @@ __all__ = [
     "SegmentDeadlineExceeded",
     "StepFailure",
     "classify",
+    "transport_failure",
 ]

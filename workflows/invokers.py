@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -37,9 +39,12 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from workflows.failures import FailureKind, StepFailure
+from workflows.failures import FailureKind, StepFailure, transport_failure
 from workflows.protojson import MessageError
 from workflows.steps import Step
+from workflows.targets import ALLOW_ALL, TargetPolicy, TlsRule, tls_for
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Message, "StepContext"], Awaitable[Message | Mapping[str, Any]]]
 H = TypeVar("H", bound=Handler)
@@ -145,16 +150,43 @@ def load_handler_modules(
 
 
 class GrpcChannels:
-    """One ``grpc.aio`` channel per target, and one callable per method on it.
+    """``grpc.aio`` channels by target, at most ``max_channels``, and callables per method.
+
+    ``policy`` lists the targets a channel may be opened to (by default any);
+    a call to another fails the step before anything is dialled. ``tls`` picks
+    the credentials per target (``workflows.targets``); a target no rule
+    matches is called over plaintext. The least recently used channel is
+    closed when one more would pass ``max_channels``: calls already running on
+    it get ``close_grace_s`` to finish.
 
     Channels belong to the event loop they were made on; a call from another
     loop gets a fresh channel rather than a broken one.
     """
 
-    def __init__(self, options: Iterable[tuple[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        options: Iterable[tuple[str, Any]] = (),
+        *,
+        policy: TargetPolicy = ALLOW_ALL,
+        tls: Iterable[TlsRule] = (),
+        max_channels: int = 64,
+        close_grace_s: float = 30.0,
+    ) -> None:
+        if max_channels < 1:
+            raise ValueError("max_channels must be at least 1")
         self._options = tuple(options)
-        self._channels: dict[str, tuple[asyncio.AbstractEventLoop, grpc.aio.Channel]] = {}
+        self.policy = policy
+        self._tls = tuple(tls)
+        self.max_channels = max_channels
+        self._close_grace_s = close_grace_s
+        self._channels: OrderedDict[str, tuple[asyncio.AbstractEventLoop, grpc.aio.Channel]] = (
+            OrderedDict()
+        )
         self._calls: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._channels)
 
     def unary(
         self, target: str, path: str, response_type: type[Message]
@@ -162,11 +194,17 @@ class GrpcChannels:
         loop = asyncio.get_running_loop()
         held = self._channels.get(target)
         if held is None or held[0] is not loop:
-            channel = grpc.aio.insecure_channel(target, options=self._options)
+            if not self.policy.allows(target):
+                raise TargetRefused(self.policy.refusal(target))
+            if held is not None:
+                self._retire(target)
+            channel = self._open(target)
             self._channels[target] = (loop, channel)
-            self._calls = {key: call for key, call in self._calls.items() if key[0] != target}
+            while len(self._channels) > self.max_channels:
+                self._retire(next(iter(self._channels)))
         else:
             channel = held[1]
+            self._channels.move_to_end(target)
         key = (target, path)
         call = self._calls.get(key)
         if call is None:
@@ -178,12 +216,42 @@ class GrpcChannels:
             self._calls[key] = call
         return call
 
+    def _open(self, target: str) -> grpc.aio.Channel:
+        rule = tls_for(self._tls, target)
+        if rule is None:
+            return grpc.aio.insecure_channel(target, options=self._options)
+        options = self._options
+        if rule.authority:
+            options += (("grpc.ssl_target_name_override", rule.authority),)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=rule.ca, private_key=rule.key, certificate_chain=rule.cert
+        )
+        return grpc.aio.secure_channel(target, credentials, options=options)
+
+    def _retire(self, target: str) -> None:
+        loop, channel = self._channels.pop(target)
+        self._calls = {key: call for key, call in self._calls.items() if key[0] != target}
+        if loop.is_closed():
+            return
+        task = loop.create_task(channel.close(self._close_grace_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
         channels = [channel for _, channel in self._channels.values()]
         self._channels.clear()
         self._calls.clear()
         for channel in channels:
             await channel.close()
+        closing = list(self._closing)
+        for task in closing:
+            task.cancel()
+        if closing:
+            await asyncio.gather(*closing, return_exceptions=True)
+
+
+class TargetRefused(Exception):
+    """A step's target is not on the allow-list; nothing was dialled."""
 
 
 def _serialize(message: Message) -> bytes:
@@ -212,14 +280,25 @@ async def invoke(
             f"no in-process handler is registered for {step.method} and the step has "
             "no host:port target; load the module that registers it, or give the step a target",
         )
-    call = channels.unary(step.remote_target, step.grpc_path, step.response_type)
+    target = step.remote_target
+    try:
+        call = channels.unary(target, step.grpc_path, step.response_type)
+    except TargetRefused as exc:
+        raise StepFailure(FailureKind.NON_RETRYABLE, step.name, str(exc)) from None
     metadata = (
         ("x-job-id", context.job_id),
         ("x-step-name", context.step_name),
         ("x-attempt", str(context.attempt)),
         ("x-idempotency-key", context.idempotency_key),
     )
-    response: Message = await call(request, timeout=max(context.deadline, 0.001), metadata=metadata)
+    try:
+        response: Message = await call(
+            request, timeout=max(context.deadline, 0.001), metadata=metadata
+        )
+    except grpc.RpcError as exc:
+        # The transport's text stays in the log, for operators only.
+        log.warning("step %r: call to %s failed: %s", step.name, target, exc)
+        raise transport_failure(exc, step.name, target) from None
     return response
 
 
@@ -259,6 +338,7 @@ __all__ = [
     "Handler",
     "HandlerRegistry",
     "StepContext",
+    "TargetRefused",
     "coerce_response",
     "default_channels",
     "default_registry",

@@ -47,6 +47,8 @@ from workflows.protojson import (
 from workflows.scalars import FLOAT_TYPES, INT64_TYPES, MESSAGE_TYPES, Refuse, reader_for
 
 MAX_RULE_CHARS = 4096  # the parser recurses; very deep expressions could exhaust the stack
+DEFAULT_RULE_CHARS = 1024
+DEFAULT_RULE_NESTING = 3
 
 _PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*"
 _ASSIGNMENT = re.compile(rf"\s*({_PATH})\s*=(?!=)(.*)", re.DOTALL)
@@ -58,6 +60,30 @@ _STRING_LITERAL = re.compile(
 _MEMBER_CHAIN = re.compile(r"\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\s*")
 _UNDEFINED = re.compile(r"Undefined variable or function: '([^']*)'")
 _BINDER_MACROS = r"(?:all|exists|exists_one|existsOne|map|filter|bind|transformList|transformMap)"
+_MACRO_CALL = re.compile(rf"\.\s*{_BINDER_MACROS}\s*\(")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleLimits:
+    """Caps every rule must fit before it is compiled, let alone evaluated.
+
+    Each comprehension macro (``map``, ``all``, ``filter``...) nested in another
+    multiplies the work of evaluating the rule by the size of the list it walks,
+    so ``max_nesting`` bounds how deep they go; ``max_chars`` bounds the size of
+    everything else, list literals included.
+    """
+
+    max_chars: int = DEFAULT_RULE_CHARS
+    max_nesting: int = DEFAULT_RULE_NESTING
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_chars <= MAX_RULE_CHARS:
+            raise ValueError(f"max_chars must be between 1 and {MAX_RULE_CHARS}")
+        if self.max_nesting < 1:
+            raise ValueError("max_nesting must be at least 1")
+
+
+DEFAULT_LIMITS = RuleLimits()
 
 
 class RuleError(Exception):
@@ -108,6 +134,38 @@ def split_assignment(text: str) -> tuple[tuple[str, ...], str]:
     if not expression:
         raise RuleError("has nothing to the right of `=`")
     return path, expression
+
+
+def check_limits(expression: str, limits: RuleLimits) -> None:
+    """Refuse a rule past ``limits``; a scan of the text, no parsing, no evaluation."""
+    if len(expression) > limits.max_chars:
+        raise RuleError(
+            f"is {len(expression)} characters long; a rule may have at most {limits.max_chars}"
+        )
+    depth = deepest = 0
+    frames: list[bool] = []  # per open parenthesis: does it open a macro's arguments?
+    text = _STRING_LITERAL.sub('""', expression)
+    position = 0
+    while position < len(text):
+        macro = _MACRO_CALL.match(text, position)
+        if macro is not None:
+            frames.append(True)
+            depth += 1
+            deepest = max(deepest, depth)
+            position = macro.end()
+            continue
+        char = text[position]
+        if char == "(":
+            frames.append(False)
+        elif char == ")" and frames:
+            depth -= frames.pop()
+        position += 1
+    if deepest > limits.max_nesting:
+        raise RuleError(
+            f"nests comprehension macros (map, filter, all, exists...) {deepest} deep; "
+            f"at most {limits.max_nesting} are allowed, since each level multiplies "
+            "the work of evaluating the rule"
+        )
 
 
 def compile_expression(expression: str) -> cel.Program:
@@ -300,11 +358,14 @@ def check_rule(
     explain_unknown: Explain,
     target_class: type[Message] | None = None,
     boolean: bool = False,
+    probe: bool = True,
 ) -> None:
     """Check ``rule`` against the message types in scope; raise :class:`RuleError`.
 
     ``target_class`` is the request type a mapping rule writes into;
-    ``boolean`` asks for a ``validate`` rule's boolean result.
+    ``boolean`` asks for a ``validate`` rule's boolean result. Without
+    ``probe`` the rule is not evaluated: only its names and member chains are
+    checked (for snapshots whose rules were probed when they were submitted).
     """
     expression = rule.expression
     for name in rule.program.variables():
@@ -313,6 +374,8 @@ def check_rule(
     problem = _member_chain_problem(expression, env)
     if problem is not None:
         raise RuleError(problem)
+    if not probe:
+        return
 
     results: list[Any] = []
     for variant in (0, 1):
@@ -507,14 +570,17 @@ def make_setter(descriptor: Descriptor, path: tuple[str, ...]) -> Setter | None:
 
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "MAX_RULE_CHARS",
     "Explain",
     "Probes",
     "Rule",
     "RuleError",
+    "RuleLimits",
     "Scope",
     "Setter",
     "assign",
+    "check_limits",
     "check_rule",
     "compile_expression",
     "describe_error",

@@ -4,7 +4,9 @@ Each test gets a ``Stack``: its own migrated database, its own topics
 (requests, dead letters, events), its own consumer group and its own in-process
 mock Schema Registry URL. Workers are real ``faust -A streams.app worker``
 processes started from the repository root, stopped by pid at teardown (and
-SIGKILLed by pid when a test wants a crash).
+SIGKILLed by pid when a test wants a crash). Workers run with auth on: the
+stack makes a fleet-wide token with every scope before its first worker
+starts, and ``Stack.headers`` carries it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from devstack.services import ServiceError, free_port
+from devstack.processes import ServiceError, free_port
 from devstack.stack import WorkerProcess, worker_environment
 from schemas.contract import EventType, WorkflowRunEvent, WorkflowRunRequest
 from schemas.serde import EventDecoder, encode_request, open_registry
@@ -29,23 +31,28 @@ from store.outbox import Outbox
 from store.pool import Pool
 from store.records import Job
 from store.runs import RunStore
+from store.tokens import create_token
+from streams.auth import SCOPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANDLERS_MODULE = "tests.e2e.handlers"
 
-# Short clocks so retries, leases and sweeps happen within seconds.
+# Short clocks so retries, leases and sweeps happen within seconds. New jobs
+# and new events wake the loops by NOTIFY; the intervals only bound how late
+# a retry, an expired lease or a relay's retry is noticed, and every poll of an
+# idle worker costs CPU the whole suite shares.
 FAST_SETTINGS: Mapping[str, str] = {
     "WFJOBS_LEASE_S": "3",
     "WFJOBS_RETRY_BASE_S": "0.2",
-    "WFJOBS_POLL_INTERVAL_S": "0.3",
-    "WFJOBS_SWEEP_INTERVAL_S": "0.5",
-    "WFJOBS_RELAY_INTERVAL_S": "0.1",
+    "WFJOBS_POLL_INTERVAL_S": "0.5",
+    "WFJOBS_SWEEP_INTERVAL_S": "1",
+    "WFJOBS_RELAY_INTERVAL_S": "0.5",
     # A killed relay's leased rows wait out the lease before another relay
     # takes them; the lease must outlast the producer's message timeout.
     "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS": "3000",
     "WFJOBS_RELAY_LEASE_S": "5",
     "WFJOBS_SHUTDOWN_GRACE_S": "3",
-    "WFJOBS_CLAIM_LOOPS": "4",
+    "WFJOBS_CLAIM_LOOPS": "2",
     "WFJOBS_POOL_MAX": "8",
 }
 
@@ -100,6 +107,13 @@ class Stack:
         self.outbox = Outbox(pool)
         self.workers: list[WorkerProcess] = []
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.token = ""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of the stack's token (made by ``start_worker``)."""
+        assert self.token, "no worker started yet, so no token was made"
+        return {"Authorization": f"Bearer {self.token}"}
 
     # ------------------------------------------------------------------ workers
 
@@ -125,6 +139,8 @@ class Stack:
 
     async def start_worker(self, worker_id: str, **overrides: str) -> WorkerProcess:
         """A worker process, once its ``/healthz`` answers (web up, store reachable)."""
+        if not self.token:
+            self.token = (await create_token(self.dsn, "e2e", SCOPES)).token
         worker = WorkerProcess(
             self.worker_env(worker_id, **overrides),
             workdir=self.tmp,
@@ -141,7 +157,7 @@ class Stack:
 
     async def put_workflow(self, worker: WorkerProcess, workflow: Mapping[str, Any]) -> None:
         """Store ``workflow`` through ``worker``'s HTTP API, as an operator would."""
-        async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10, headers=self.headers) as http:
             put = await http.put(
                 f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
             )

@@ -31,7 +31,7 @@ async def test_request_to_waiting_then_complete_step_to_completed(stack: Stack) 
     reader = stack.event_reader(PARTITIONS)
     workflow = envelope(name="e2e-review")
     await stack.put_workflow(worker, workflow)
-    async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=worker.url, timeout=10, headers=stack.headers) as http:
         job_id = stack.produce_request(workflow["name"], {"text": "durable jobs tell kafka"})
         stack.flush()
 

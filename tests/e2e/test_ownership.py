@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 # The same class confluent_kafka.admin re-exports, from the module its stubs type.
 from confluent_kafka.cimpl import NewTopic
 
-from devstack.services import ApacheKafkaService
+from devstack.apache_kafka import ApacheKafkaService
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
 from store.pool import open_pool

@@ -15,7 +15,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from devstack.services import ApacheKafkaService, PostgresService, ServiceError, free_port
+from devstack.apache_kafka import ApacheKafkaService
+from devstack.postgres import PostgresService
+from devstack.processes import ServiceError, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

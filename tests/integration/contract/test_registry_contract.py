@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from google.protobuf import descriptor_pb2
 
-from devstack.services import SchemaRegistryService
+from devstack.schema_registry import SchemaRegistryService
 from schemas.consumer import consumer_file
 from schemas.contract import (
     EventType,

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 
 from cli.main import main as cli_main
-from devstack.services import TansuService, free_port
+from devstack.processes import free_port
 from devstack.stack import DevStack, next_steps
+from devstack.tansu import TansuService
 from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
 
 pytestmark = [pytest.mark.tansu, pytest.mark.e2e]
@@ -54,6 +55,8 @@ def use(stack: DevStack, monkeypatch: pytest.MonkeyPatch) -> None:
     """The exports ``wfjobs dev`` prints, for the commands run in-process."""
     monkeypatch.setenv("WFJOBS_URL", stack.url)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", stack.bootstrap_servers)
+    monkeypatch.setenv("WFJOBS_TOKEN_FILE", str(stack.token_path))
+    monkeypatch.delenv("WFJOBS_TOKEN", raising=False)
     monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
 
 

@@ -25,7 +25,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from devstack.services import free_port
+from devstack.processes import free_port
 from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
 from store import Outbox, RunStore, open_pool

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from devstack.services import ApacheKafkaService
+from devstack.apache_kafka import ApacheKafkaService
 from schemas.serde import EventDecoder, event_serializer
 from store import Outbox, RunStore, open_pool
 from streams.relay import OutboxRelay, producer_config

@@ -2,19 +2,24 @@
 
 ``serve`` mounts the app's real Faust views: it builds the app with
 ``streams.app.create_app`` and serves the aiohttp application Faust's web
-driver made, on a local port, without starting Kafka consumers.
+driver made, on a local port, without starting Kafka consumers. With a store,
+the client carries a fleet-wide token with every scope (and ``wfjobs`` run in
+the test finds it in ``WFJOBS_TOKEN``), so the verbs are tested with auth on.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from store.tokens import create_token
 from streams.app import create_app
+from streams.auth import SCOPES
 from streams.runtime import Runtime
 from streams.settings import Settings
 from tests.workflows_fixtures import envelope, make_registry, tokenize_ids
@@ -30,18 +35,38 @@ def api_settings(env: Mapping[str, str]) -> Settings:
     return Settings.from_env({"WFJOBS_ROLES": "api", "WFJOBS_WORKER_ID": "web-test", **env})
 
 
+async def bearer(dsn: str, principal: str, scopes: Iterable[str]) -> dict[str, str]:
+    """The ``Authorization`` header of a new token for ``principal`` with ``scopes``."""
+    issued = await create_token(dsn, principal, scopes)
+    return {"Authorization": f"Bearer {issued.token}"}
+
+
 @contextlib.asynccontextmanager
-async def serve(env: Mapping[str, str]) -> AsyncIterator[tuple[TestClient[Any, Any], Runtime]]:
+async def serve(
+    env: Mapping[str, str], *, token: bool = True
+) -> AsyncIterator[tuple[TestClient[Any, Any], Runtime]]:
+    """The app's views on a local port; ``token=False`` sends no token."""
     settings = api_settings(env)
     runtime = Runtime(settings, registry=make_registry())
     app = create_app(settings, runtime=runtime)
     await runtime.start()
+    headers: dict[str, str] = {}
+    if token and settings.store_configured:
+        headers = await bearer(settings.database_url, "tester", SCOPES)
     web_app: Any = app.web.web_app  # type: ignore[attr-defined]
-    client = TestClient(TestServer(web_app))
+    client = TestClient(TestServer(web_app), headers=headers)
     await client.start_server()
+    before = os.environ.get("WFJOBS_TOKEN")
+    if headers:
+        os.environ["WFJOBS_TOKEN"] = headers["Authorization"].removeprefix("Bearer ")
     try:
         yield client, runtime
     finally:
+        if headers:
+            if before is None:
+                os.environ.pop("WFJOBS_TOKEN", None)
+            else:
+                os.environ["WFJOBS_TOKEN"] = before
         await client.close()
         await runtime.stop()
 

@@ -26,8 +26,8 @@ from tests.integration.streams.conftest import parked_job, put_workflow, serve
 
 pytestmark = pytest.mark.asyncio
 
-# Columns that name or date one job; everything else two equal submits share.
-_PER_JOB = {"job_id", "created_at", "updated_at", "run_after"}
+# Columns that name, date or own one job; everything else two equal submits share.
+_PER_JOB = {"job_id", "created_at", "updated_at", "run_after", "owner"}
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, verb: str) -> list[dict[str, Any]]:
@@ -91,6 +91,8 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
         http_job, topic_job = await runs.get(over_http), await runs.get(from_topic)
         assert http_job.status == "QUEUED"
         assert _shape(http_job) == _shape(topic_job)
+        # The HTTP caller's principal owns its job; the topic's configured one owns the other.
+        assert (http_job.owner, topic_job.owner) == ("tester", "kafka")
         assert runtime.pool is not None
         outbox = Outbox(runtime.pool)
         http_events = await outbox.events_for(over_http)
@@ -104,6 +106,9 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
     # The one difference: nobody waits on a request from the topic, so a
     # refusal there is recorded as a FAILED job instead of answered.
     assert (http_call.pop("record_refusals"), topic_call.pop("record_refusals")) == (False, True)
+    assert (http_call.pop("owner"), topic_call.pop("owner")) == ("tester", "kafka")
+    # A fleet-wide token may answer with any owner's job; the topic always may.
+    assert (http_call.pop("owner_only"), topic_call.pop("owner_only")) == (False, False)
     assert http_call == topic_call
     assert http_call == {
         "input": {"text": "the same words"},
@@ -157,6 +162,8 @@ async def test_the_complete_step_view_delegates_to_the_verb(
             "job_id": uuid.UUID(job_id),
             "step_name": "review",
             "response": {"approved": True, "note": "fine"},
+            # The fixture's token is fleet-wide: every owner's job.
+            "owner": None,
         }
     ]
 
@@ -164,7 +171,8 @@ async def test_the_complete_step_view_delegates_to_the_verb(
 async def test_an_unreachable_store_is_unavailable_to_every_way_in(dsn: str) -> None:
     missing = dsn.rsplit("/", 1)[0] + "/no_such_database"
     letters: list[str] = []
-    async with serve({"DATABASE_URL": missing, "WFJOBS_POOL_TIMEOUT_S": "0.5"}) as (_, runtime):
+    env = {"DATABASE_URL": missing, "WFJOBS_POOL_TIMEOUT_S": "0.5"}
+    async with serve(env, token=False) as (_, runtime):
         jobs = Jobs(runtime)
         with pytest.raises(Unavailable, match=r"^the store is unreachable"):
             await jobs.get_job(uuid.uuid4())

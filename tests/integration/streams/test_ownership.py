@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaError
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from devstack.services import ApacheKafkaService
+from devstack.apache_kafka import ApacheKafkaService
 from streams.ownership import (
     GroupOwnership,
     OwnershipLost,

@@ -58,9 +58,16 @@ async def test_every_verb_answers_503_without_a_store() -> None:
 
 async def test_an_unreachable_store_answers_503(dsn: str) -> None:
     missing = dsn.rsplit("/", 1)[0] + "/no_such_database"
-    async with serve({"DATABASE_URL": missing, "WFJOBS_POOL_TIMEOUT_S": "0.5"}) as (client, _):
+    env = {"DATABASE_URL": missing, "WFJOBS_POOL_TIMEOUT_S": "0.5"}
+    async with serve(env, token=False) as (client, _):
+        # A well-formed token: checking it is what needs the store.
+        token = "wfj_0123456789ab_" + "a" * 43
         message = await _error(
-            await client.get(f"/v1/workflow-runs/{uuid.uuid4()}"), 503, "UNAVAILABLE"
+            await client.get(
+                f"/v1/workflow-runs/{uuid.uuid4()}", headers={"Authorization": f"Bearer {token}"}
+            ),
+            503,
+            "UNAVAILABLE",
         )
         assert message.startswith("the store is unreachable")
         health = await client.get("/healthz")
@@ -197,7 +204,7 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
 async def test_unknown_routes_and_methods_answer_error_bodies(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, _):
         await _error(await client.get("/v1/nothing-here"), 404, "NOT_FOUND")
-        await _error(await client.delete("/v1/workflows"), 405, "INVALID_ARGUMENT")
+        await _error(await client.delete("/v1/workflows"), 405, "METHOD_NOT_ALLOWED")
 
 
 async def test_bodies_above_the_limit_are_refused_with_413(dsn: str) -> None:
@@ -214,7 +221,13 @@ async def test_bodies_above_the_limit_are_refused_with_413(dsn: str) -> None:
 
         # No Content-Length: counted while it streams.
         message = await _error(
-            await client.put("/v1/workflows/web-review", data=chunks()), 413, "PAYLOAD_TOO_LARGE"
+            await client.put(
+                "/v1/workflows/web-review",
+                data=chunks(),
+                headers={"Content-Type": "application/json"},
+            ),
+            413,
+            "PAYLOAD_TOO_LARGE",
         )
         assert "2048" in message
 

@@ -19,7 +19,7 @@ from cli.kafka import PRODUCE_MAX_BYTES
 from cli.main import build_parser
 from cli.main import main as cli_main
 from cli.render import Output, event_summary, render_job, render_jobs
-from devstack.services import free_port
+from devstack.processes import free_port
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -304,7 +304,7 @@ def test_tombstone_is_undecodable() -> None:
 
 
 def test_an_unreachable_registry_is_unavailable_not_undecodable() -> None:
-    from devstack.services import free_port
+    from devstack.processes import free_port
 
     registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{free_port()}", "max.retries": 0})
     framed = b"\x00\x00\x00\x00\x07\x00\x0a\x01a"

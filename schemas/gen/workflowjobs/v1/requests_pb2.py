@@ -26,7 +26,7 @@ from schemas.gen.buf.validate import validate_pb2 as buf_dot_validate_dot_valida
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eworkflowjobs/v1/requests.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\"y\n\x12WorkflowRunRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12!\n\rworkflow_name\x18\x02 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Structb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eworkflowjobs/v1/requests.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x96\x01\n\x12WorkflowRunRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12!\n\rworkflow_name\x18\x02 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1b\n\tprincipal\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,6 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['job_id']._serialized_options = b'\272H\005r\003\260\001\001'
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['workflow_name']._loaded_options = None
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['workflow_name']._serialized_options = b'\272H\007r\005\020\001\030\310\001'
-  _globals['_WORKFLOWRUNREQUEST']._serialized_start=110
-  _globals['_WORKFLOWRUNREQUEST']._serialized_end=231
+  _globals['_WORKFLOWRUNREQUEST'].fields_by_name['principal']._loaded_options = None
+  _globals['_WORKFLOWRUNREQUEST'].fields_by_name['principal']._serialized_options = b'\272H\005r\003\030\310\001'
+  _globals['_WORKFLOWRUNREQUEST']._serialized_start=111
+  _globals['_WORKFLOWRUNREQUEST']._serialized_end=261
 # @@protoc_insertion_point(module_scope)

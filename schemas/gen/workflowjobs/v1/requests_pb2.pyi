@@ -8,11 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkflowRunRequest(_message.Message):
-    __slots__ = ("job_id", "workflow_name", "input")
+    __slots__ = ("job_id", "workflow_name", "input", "principal")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow_name: str
     input: _struct_pb2.Struct
-    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    principal: str
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., principal: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,183 @@
+"""A worker that starts while its broker is away.
+
+A real ``faust -A streams.app worker`` whose broker does not answer yet serves
+what needs no Kafka (the API, the claim loops) and connects the request agent
+once the broker comes up, on a broker of the test's own that it halts and resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+
+from devstack.apache_kafka import ApacheKafkaService
+from devstack.processes import free_port
+from devstack.stack import WorkerProcess, ensure_topics, worker_environment
+from schemas.contract import WorkflowRunRequest
+from schemas.errors import NotFound
+from schemas.serde import encode_request
+from store.pool import Pool, open_pool
+from store.runs import RunStore
+from store.tokens import create_token
+from streams.auth import SCOPES
+from tests.e2e.harness import (
+    FAST_SETTINGS,
+    HANDLERS_MODULE,
+    REPO_ROOT,
+    wait_until,
+)
+from tests.workflows_fixtures import envelope
+
+pytestmark = pytest.mark.e2e
+
+
+class LiveWorker(WorkerProcess):
+    """Counts as started once ``/healthz`` answers 200: alive, not necessarily ready."""
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+
+@pytest.fixture
+async def database(make_database: Callable[[], str]) -> AsyncIterator[tuple[str, Pool]]:
+    dsn = make_database(migrated=True)
+    pool = await open_pool(dsn, min_size=1, max_size=2)
+    try:
+        yield dsn, pool
+    finally:
+        await pool.close()
+
+
+async def test_a_worker_starts_while_its_broker_is_down(
+    database: tuple[str, Pool], tmp_path: Path
+) -> None:
+    dsn, pool = database
+    runs = RunStore(pool)
+    # Our own broker: started to make the topics, then halted (same address,
+    # same topics) before the worker starts, and resumed while it runs.
+    broker = ApacheKafkaService("")
+    worker: LiveWorker | None = None
+    try:
+        await asyncio.to_thread(broker.start)
+        bootstrap = broker.bootstrap_servers
+        topics = {
+            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}" for name in ("requests", "dlq", "events")
+        }
+        ensure_topics(bootstrap, topics.values(), partitions=1)
+        broker.halt()
+        env = worker_environment(
+            database_url=dsn,
+            bootstrap_servers=bootstrap,
+            worker_id="w-early",
+            web_port=free_port(),
+            data_dir=tmp_path / "faust",
+            handlers=(HANDLERS_MODULE,),
+            roles="api,worker",
+            extra={
+                **FAST_SETTINGS,
+                "WFJOBS_REQUESTS_TOPIC": topics["requests"],
+                "WFJOBS_REQUESTS_DLQ_TOPIC": topics["dlq"],
+                "WFJOBS_EVENTS_TOPIC": topics["events"],
+                "WFJOBS_GROUP": f"e2e-{uuid.uuid4().hex[:8]}",
+                "WFJOBS_BROKER_RETRY_MAX_S": "1",
+                "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
+            },
+        )
+        worker = LiveWorker(env, workdir=tmp_path, name="w-early", cwd=REPO_ROOT)
+        await asyncio.to_thread(worker.start, timeout_s=60.0)
+        workflow = envelope(name="e2e-early", review="invoke")
+        token = (await create_token(dsn, "e2e", SCOPES)).token
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10, headers=headers) as http:
+            put = await http.put(
+                f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
+            )
+            assert put.status_code == 200, put.text
+            job_id = uuid.uuid4()
+            submitted = await http.post(
+                "/v1/workflow-runs",
+                json={
+                    "job_id": str(job_id),
+                    "workflow_name": workflow["name"],
+                    "input": {"text": "no broker yet"},
+                },
+            )
+            assert submitted.is_success, submitted.text
+            got = await http.get(f"/v1/workflow-runs/{job_id}")
+            assert got.status_code == 200, got.text
+            # The claim loops need no broker either.
+            await _wait_for_status(runs, job_id, "COMPLETED", worker)
+
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503, ready.text
+            body: dict[str, Any] = ready.json()
+            part = body["parts"]["broker"]
+            assert part["ready"] is False and part["healthy"] is True, part
+            assert part["summary"].startswith(f"waiting for Kafka at {bootstrap} since "), part
+            assert (await http.get("/healthz")).status_code == 200
+
+            await asyncio.to_thread(broker.resume)
+            request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name=workflow["name"])
+            request.input.update({"text": "the broker is up"})
+            producer = Producer({"bootstrap.servers": bootstrap})
+            producer.produce(
+                topics["requests"],
+                key=request.job_id.encode(),
+                value=encode_request(request, registry=None, topic=topics["requests"]),
+            )
+            assert producer.flush(30) == 0
+            await _wait_for_status(runs, request.job_id, "COMPLETED", worker, timeout_s=90)
+
+            async def turned_ready() -> dict[str, Any] | None:
+                answer = await http.get("/readyz")
+                return answer.json() if answer.status_code == 200 else None
+
+            try:
+                body = await wait_until(turned_ready, timeout_s=30, interval_s=0.5)
+            except TimeoutError:
+                raise AssertionError(
+                    f"/readyz: {(await http.get('/readyz')).text}\n{worker.log_tail()}"
+                ) from None
+            assert body["parts"]["broker"]["summary"].startswith(
+                f"connected to Kafka at {bootstrap}"
+            )
+        assert worker.exit_code() is None, worker.log_tail()
+        assert worker.stop(timeout_s=15) == 0, worker.log_tail()
+    finally:
+        if worker is not None:
+            worker.stop(timeout_s=15)
+        broker.stop()
+
+
+async def _wait_for_status(
+    runs: RunStore,
+    job_id: uuid.UUID | str,
+    status: str,
+    worker: WorkerProcess,
+    *,
+    timeout_s: float = 30.0,
+) -> None:
+    async def reached() -> bool | None:
+        with contextlib.suppress(NotFound):
+            if (await runs.get(job_id)).status == status:
+                return True
+        return None
+
+    try:
+        await wait_until(reached, timeout_s=timeout_s, interval_s=0.2)
+    except TimeoutError:
+        raise AssertionError(f"job {job_id} not {status}\n{worker.log_tail()}") from None

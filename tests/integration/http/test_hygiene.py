@@ -1,0 +1,289 @@
+"""HTTP hygiene on the server a deployment runs: media types, U+0000, depth, limits, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
+from streams.jobs import Jobs
+from streams.openapi import OPENAPI_PATH
+from tests.integration.http.conftest import LiveApi, parked_job
+from tests.integration.streams.conftest import WEB_WORKFLOW
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _call(
+    api: LiveApi,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    data: bytes | None = None,
+    content_type: str | None = "application/json",
+    token: bool = True,
+) -> tuple[int, Mapping[str, str], Any]:
+    headers: dict[str, str] = dict(api.auth) if token else {}
+    if body is not None:
+        data = json.dumps(body).encode()
+    if data is not None and content_type is not None:
+        headers["Content-Type"] = content_type
+    async with api.session.request(
+        method, api.url + path, data=data, headers=headers, skip_auto_headers={"Content-Type"}
+    ) as response:
+        assert response.content_type == "application/json", await response.text()
+        assert response.headers.get(REQUEST_ID_HEADER), dict(response.headers)
+        return response.status, response.headers, await response.json()
+
+
+async def _error(api: LiveApi, method: str, path: str, status: int, code: str, **kw: Any) -> str:
+    got, _, body = await _call(api, method, path, **kw)
+    assert (got, body.get("code")) == (status, code), body
+    assert set(body) == {"code", "message"}, body
+    message: str = body["message"]
+    return message
+
+
+async def test_faust_endpoints_are_off_and_unknown_routes_answer_json(live_api: LiveApi) -> None:
+    for path in ("/router", "/router/", "/table", "/table/", "/table/x/", "/table/x/k/", "/graph"):
+        await _error(live_api, "GET", path, 404, "NOT_FOUND")
+    for path in ("/stats/", "/performance/", "/assignment/", "/v1/nothing-here"):
+        await _error(live_api, "GET", path, 404, "NOT_FOUND")
+    message = await _error(live_api, "DELETE", "/v1/workflows", 405, "METHOD_NOT_ALLOWED")
+    assert "allowed: GET" in message
+    await _error(live_api, "POST", "/healthz", 405, "METHOD_NOT_ALLOWED", body={})
+
+
+async def test_bodies_must_be_declared_json(live_api: LiveApi) -> None:
+    body = {"workflow_name": "missing", "input": {}}
+    for content_type in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        None,
+    ):
+        message = await _error(
+            live_api,
+            "POST",
+            "/v1/workflow-runs",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            body=body,
+            content_type=content_type,
+        )
+        assert "application/json" in message
+    # A body-less POST is refused the same way, before anything else is read.
+    await _error(
+        live_api,
+        "POST",
+        "/v1/outbox:redrive",
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+        content_type=None,
+    )
+    for content_type in ("application/json", "application/json; charset=UTF-8"):
+        await _error(
+            live_api,
+            "POST",
+            "/v1/workflow-runs",
+            404,
+            "NOT_FOUND",
+            body=body,
+            content_type=content_type,
+        )
+    # Who is calling is checked first: nothing is said about the body to a stranger.
+    await _error(
+        live_api,
+        "POST",
+        "/v1/workflow-runs",
+        401,
+        "UNAUTHENTICATED",
+        body=body,
+        content_type="text/plain",
+        token=False,
+    )
+
+
+async def test_nul_in_any_input_is_refused_naming_the_field(live_api: LiveApi) -> None:
+    job = str(uuid.uuid4())
+    message = await _error(
+        live_api,
+        "POST",
+        "/v1/workflow-runs",
+        400,
+        "INVALID_ARGUMENT",
+        body={"workflow_name": "x", "input": {"a": {"b": ["ok", "no\u0000"]}}},
+    )
+    assert message == "input.a.b[1] contains U+0000 (NUL), which is not accepted"
+    message = await _error(
+        live_api,
+        "POST",
+        "/v1/workflow-runs",
+        400,
+        "INVALID_ARGUMENT",
+        body={"workflow_name": "x", "input": {"k\u0000": 1}},
+    )
+    assert message.startswith("a field name in input contains U+0000")
+    message = await _error(
+        live_api, "GET", "/v1/workflow-runs?workflow_name=a%00b", 400, "INVALID_ARGUMENT"
+    )
+    assert message.startswith("query parameter workflow_name contains U+0000")
+    message = await _error(live_api, "GET", "/v1/workflow-runs?a%00=1", 400, "INVALID_ARGUMENT")
+    assert message.startswith("a query parameter name contains U+0000")
+    message = await _error(
+        live_api,
+        "POST",
+        f"/v1/workflow-runs/{job}/steps/re%00view:complete",
+        400,
+        "INVALID_ARGUMENT",
+        body={"response": {}},
+    )
+    assert message.startswith("path parameter step_name contains U+0000")
+    message = await _error(live_api, "GET", "/v1/workflow-runs/%00", 400, "INVALID_ARGUMENT")
+    assert "job_id" in message
+    message = await _error(live_api, "GET", "/v1/workflows/a%00b", 400, "INVALID_ARGUMENT")
+    assert "workflow name" in message
+
+
+async def test_nul_in_a_complete_step_response_is_a_400_not_a_500(live_api: LiveApi) -> None:
+    status, _, stored = await _call(
+        live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW}
+    )
+    assert status == 200, stored
+    job_id = await parked_job(live_api)
+    path = f"/v1/workflow-runs/{job_id}/steps/review:complete"
+    message = await _error(
+        live_api,
+        "POST",
+        path,
+        400,
+        "INVALID_ARGUMENT",
+        body={"response": {"approved": True, "note": "a\u0000b"}},
+    )
+    assert message.startswith("response.note contains U+0000")
+    # The job still waits for a good answer.
+    status, _, done = await _call(
+        live_api, "POST", path, body={"response": {"approved": True, "note": "fine"}}
+    )
+    assert (status, done["outcome"]) == (200, "COMPLETED"), done
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for level in range(depth):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+async def test_json_nesting_is_capped_before_parsing(live_api: LiveApi) -> None:
+    # The body object itself is one level: input nested MAX_JSON_DEPTH - 1 deep fits.
+    deepest = {"workflow_name": "missing", "input": {"x": _nested(MAX_JSON_DEPTH - 2)}}
+    await _error(live_api, "POST", "/v1/workflow-runs", 404, "NOT_FOUND", body=deepest)
+    too_deep = {"workflow_name": "missing", "input": {"x": _nested(MAX_JSON_DEPTH - 1)}}
+    message = await _error(
+        live_api, "POST", "/v1/workflow-runs", 400, "INVALID_ARGUMENT", body=too_deep
+    )
+    assert message == f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep (the limit)"
+    # Thousands deep is refused by the scan alone, without a parser's recursion.
+    bomb = b'{"input":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    await _error(live_api, "POST", "/v1/workflow-runs", 400, "INVALID_ARGUMENT", data=bomb)
+    # Brackets inside strings are text, not nesting.
+    brackets = {"workflow_name": "missing", "input": {"text": "[{" * 500 + '\\"]'}}
+    await _error(live_api, "POST", "/v1/workflow-runs", 404, "NOT_FOUND", body=brackets)
+
+
+async def test_a_bug_answers_500_with_a_request_id_and_logs_the_traceback(
+    live_api: LiveApi, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(self: Jobs) -> Any:
+        raise RuntimeError("secret internals at /srv/app/db.py line 12")
+
+    monkeypatch.setattr(Jobs, "list_workflows", broken)
+    with caplog.at_level(logging.ERROR, logger="streams.http_errors"):
+        status, headers, body = await _call(live_api, "GET", "/v1/workflows")
+    request_id = headers[REQUEST_ID_HEADER]
+    assert status == 500
+    assert body == {
+        "code": "INTERNAL",
+        "message": f"internal error; the service log has request id {request_id}",
+    }
+    [record] = [r for r in caplog.records if request_id in r.getMessage()]
+    assert record.exc_info is not None
+    assert "secret internals" in str(record.exc_info[1])
+
+
+async def _raw(api: LiveApi, request: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Send bytes on a fresh connection; the status, headers and JSON body of the answer."""
+    reader, writer = await asyncio.open_connection(api.host, api.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+async def test_the_parser_refusals_answer_json(live_api: LiveApi) -> None:
+    long_url = b"/v1/workflows?x=" + b"a" * MAX_URL_BYTES
+    status, headers, body = await _raw(
+        live_api, b"GET " + long_url + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    assert (status, body["code"]) == (414, "URI_TOO_LONG"), body
+    assert headers["content-type"].startswith("application/json")
+    assert headers[REQUEST_ID_HEADER.lower()]
+    assert str(MAX_URL_BYTES) in body["message"]
+
+    big_header = b"X-Big: " + b"b" * (MAX_HEADER_BYTES + 10) + b"\r\n"
+    status, _, body = await _raw(
+        live_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + big_header + b"\r\n"
+    )
+    assert (status, body["code"]) == (431, "HEADERS_TOO_LARGE"), body
+
+    many = b"".join(b"X-H%d: v\r\n" % n for n in range(200))
+    status, _, body = await _raw(live_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+    assert (status, body["code"]) == (431, "HEADERS_TOO_LARGE"), body
+
+    status, _, body = await _raw(live_api, b"NOT HTTP AT ALL\r\n\r\n")
+    assert (status, body["code"]) == (400, "INVALID_ARGUMENT"), body
+    assert set(body) == {"code", "message"}
+
+
+async def test_the_openapi_document_describes_every_route_served(live_api: LiveApi) -> None:
+    status, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    assert status == 200
+    assert document["openapi"].startswith("3.")
+    described = {
+        (path, method.upper()) for path, item in document["paths"].items() for method in item
+    }
+    served = {
+        (route.resource.canonical, route.method)
+        for route in live_api.web_app.router.routes()
+        if route.resource is not None
+        and route.method not in ("HEAD", "OPTIONS", "*")
+        # Faust's production index: {"status": "OK"}, nothing of ours.
+        and route.resource.canonical != "/"
+    }
+    assert described == served
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            for status_code in ("404", "405", "500"):
+                assert status_code in operation["responses"], (path, method)
+            if "requestBody" in operation:
+                assert "415" in operation["responses"], (path, method)
+                schema = operation["requestBody"]["content"]["application/json"]["schema"]
+                assert schema, (path, method)

@@ -1,0 +1,211 @@
+"""Expensive rules are refused at compile, and refusing them never stalls the worker.
+
+The real web app serves in-process with real claim loops and a real sweeper
+against a real Postgres, with short leases. While slow jobs run (each past
+several lease renewals), fifty inline definitions with a rule nested five
+comprehensions deep are submitted at once, together with rules that fit the
+caps but take too long to check. A task on the same event loop sleeps 10 ms at
+a time and records the longest the loop ran anything else in between; the jobs
+must keep their leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.streams.conftest import serve
+from tests.workflows_fixtures import envelope
+
+pytestmark = pytest.mark.asyncio
+
+TEN = "[0,1,2,3,4,5,6,7,8,9]"
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+def nested_maps(depth: int) -> str:
+    """The issue's rule: ``depth`` nested maps over ten elements (about 10^depth steps)."""
+    expression = "x0"
+    for level in range(depth):
+        expression = f"{TEN}.map(x{level}, {expression})"
+    return f"{expression}.size() > 0"
+
+
+def quadratic_growth() -> str:
+    """Fits the caps (one level deep, under 1024 characters) yet takes seconds to evaluate."""
+    many = "+".join(["x"] * 220)
+    thirty_two = "[" + ",".join("0" * 32) + "]"
+    return f"[{thirty_two}].map(x, ({many}).map(a, a + 1)).size() > 0"
+
+
+# Posts every body at once and prints [status, answer] for each, in order.
+SENDER = """
+import asyncio, json, sys
+import httpx
+
+async def main():
+    order = json.load(sys.stdin)
+    async with httpx.AsyncClient(timeout=30) as http:
+        answers = await asyncio.gather(*(
+            http.post(order["url"], content=body, headers=order["headers"])
+            for body in order["bodies"]
+        ))
+    print(json.dumps([[answer.status_code, answer.json()] for answer in answers]))
+
+asyncio.run(main())
+"""
+
+
+def with_validate(rule: str, name: str) -> dict[str, Any]:
+    workflow = copy.deepcopy(envelope(name=name, review=None))
+    workflow["steps"][1]["validate"] = [rule]
+    return workflow
+
+
+@pytest.fixture
+async def dsn(make_database: Callable[[], str]) -> str:
+    url = make_database(migrated=True)
+    return url
+
+
+class LagMonitor:
+    """The longest the event loop ran other work between two wakes of a 10 ms sleep.
+
+    It is the loop thread's own CPU time between the wakes: what a callback
+    that does not yield (a rule compiled or probed on the loop) costs. How late
+    the sleep wakes by the wall clock is kept too, for the message; on a shared
+    two-core machine it also counts time the kernel gave other processes, or
+    gave nobody while a pool thread holding the interpreter lock waited for a
+    CPU, which no code of ours decides.
+    """
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.worst_wall = 0.0
+        self._since_reset = 0
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            started, busy, resets = time.perf_counter(), time.thread_time(), self._since_reset
+            await asyncio.sleep(0.01)
+            if resets != self._since_reset:
+                continue  # the sleep began before the reset: not part of what is measured
+            self.worst = max(self.worst, time.thread_time() - busy)
+            self.worst_wall = max(self.worst_wall, time.perf_counter() - started - 0.01)
+
+    def reset(self) -> None:
+        self.worst = self.worst_wall = 0.0
+        self._since_reset += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@pytest.fixture
+async def monitor() -> AsyncIterator[LagMonitor]:
+    found = LagMonitor()
+    task = asyncio.create_task(found.run())
+    yield found
+    found.stop()
+    await task
+
+
+async def test_expensive_rules_are_refused_without_stalling_the_worker(
+    dsn: str, monitor: LagMonitor
+) -> None:
+    env = {
+        "DATABASE_URL": dsn,
+        "WFJOBS_ROLES": "api,worker",
+        "WFJOBS_WORKER_ID": "lag-test",
+        "WFJOBS_POLL_INTERVAL_S": "0.05",
+        "WFJOBS_LEASE_S": "1.0",
+        "WFJOBS_HEARTBEAT_S": "0.2",
+        "WFJOBS_SWEEP_INTERVAL_S": "0.1",
+        "WFJOBS_COMPILE_TIMEOUT_S": "0.5",
+    }
+    async with serve(env) as (client, runtime):
+        # Slow jobs first: each runs for three leases' worth of time.
+        slow = envelope(name="slow", review=None)
+        assert (await client.put("/v1/workflows/slow", json={"workflow": slow})).status == 200
+        job_ids = []
+        for _ in range(3):
+            submitted = await client.post(
+                "/v1/workflow-runs",
+                json={"workflow_name": "slow", "input": {"text": "a b", "delay_ms": 3000}},
+            )
+            assert submitted.status == 201, await submitted.text()
+            job_ids.append((await submitted.json())["job"]["job_id"])
+        claims = runtime.claims
+        assert claims is not None
+        # The loops publish no event per claim; their counter is what there is.
+        while claims.stats.claimed < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+        monitor.reset()
+        deep = [with_validate(nested_maps(5), f"deep-{n}") for n in range(50)]
+        costly = [with_validate(quadratic_growth(), f"costly-{n}") for n in range(2)]
+        # Encoded before the clock starts: the client shares the loop it measures.
+        encoded = [
+            json.dumps({"workflow": body, "input": {"text": "x"}}).encode()
+            for body in deep + costly
+        ]
+        # Sent from a process of its own, as clients are: a client on the loop
+        # it measures, or in threads of its process, would count its own work
+        # (or its hold on the interpreter lock) against the server.
+        url = str(client.make_url("/v1/workflow-runs"))
+        headers = {**JSON_BODY, **dict(client.session.headers)}
+        order = json.dumps(
+            {"url": url, "headers": headers, "bodies": [b.decode() for b in encoded]}
+        )
+        monitor.reset()
+        sender = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            SENDER,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        output, _ = await sender.communicate(order.encode())
+        assert sender.returncode == 0, output
+        lag_while_refusing, late_while_refusing = monitor.worst, monitor.worst_wall
+        answers = json.loads(output)
+        statuses = [status for status, _ in answers]
+        bodies = [body for _, body in answers]
+
+        for status, body in zip(statuses[:50], bodies[:50], strict=True):
+            assert status == 400, body
+            assert "steps[1] 'embed', validate[0]" in body["message"], body
+            assert (
+                "nests comprehension macros (map, filter, all, exists...) 5 deep"
+                in (body["message"])
+            ), body
+        for status, body in zip(statuses[50:], bodies[50:], strict=True):
+            assert status == 400, body
+            assert (
+                "steps[1] 'embed', validate[0]: checking the definition took longer"
+                in (body["message"])
+            ), body
+
+        for job_id in job_ids:
+            while True:
+                job = (await (await client.get(f"/v1/workflow-runs/{job_id}")).json())["job"]
+                if job["status"] not in {"QUEUED", "RUNNING"}:
+                    break
+                await asyncio.sleep(0.05)
+            assert job["status"] == "COMPLETED", job
+            assert job["attempt"] == 1, job  # never swept, never retried
+        assert claims.stats.lease_lost == 0
+        assert runtime.sweeper is not None and runtime.sweeper.requeued == 0
+
+    assert lag_while_refusing < 0.1, (
+        f"the event loop ran {lag_while_refusing * 1000:.0f} ms without yielding "
+        f"(a 10 ms sleep woke up to {late_while_refusing * 1000:.0f} ms late)"
+    )

@@ -1,0 +1,154 @@
+"""Step targets outside WFJOBS_STEP_TARGETS are refused before anything is dialled.
+
+A plain TCP listener on 127.0.0.1 stands for whatever a definition's author
+would like the worker to reach; it records every connection it accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.streams.conftest import serve
+from tests.workflows_fixtures import envelope
+from workflows import FailureKind, GrpcChannels, HandlerRegistry, StepFailure, run_segment
+from workflows.compiler import compile_definition
+from workflows.targets import ALLOW_ALL, TargetPolicy
+
+pytestmark = pytest.mark.asyncio
+
+# What the listener answers: text that must never reach a job's error.
+PEER_TEXT = b"HTTP/1.1 400 Bad Request\r\nServer: secret-admin-console\r\n\r\n"
+
+
+@pytest.fixture
+async def dsn(make_database: Callable[[], str]) -> str:
+    url = make_database(migrated=True)
+    return url
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.connections = 0
+        self.accepted = asyncio.Event()
+        self.target = ""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.accepted.set()
+        writer.write(PEER_TEXT)
+        await writer.drain()
+        writer.close()
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[Listener]:
+    found = Listener()
+    server = await asyncio.start_server(found.handle, "127.0.0.1", 0)
+    found.target = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        yield found
+
+
+async def _refusal(response: Any, step: str, target: str) -> None:
+    body = await response.json()
+    assert response.status == 400, body
+    assert body["code"] == "INVALID_ARGUMENT", body
+    assert f"steps[0] {step!r}.target" in body["message"], body
+    assert f"{target!r} is not an allowed step target" in body["message"], body
+    assert "10.9.9.9:443" in body["message"], body  # what is allowed is said
+
+
+async def test_a_target_off_the_list_is_refused_at_store_and_at_submit(
+    dsn: str, listener: Listener
+) -> None:
+    env = {
+        "DATABASE_URL": dsn,
+        "WFJOBS_ROLES": "api,worker",
+        "WFJOBS_POLL_INTERVAL_S": "0.05",
+        "WFJOBS_STEP_TARGETS": "10.9.9.9:443,*.svc.cluster.local:*",
+    }
+    # No handler serves the methods, so a job that got this far would dial.
+    workflow = envelope(name="scan", target=listener.target, review=None)
+    async with serve(env) as (client, runtime):
+        runtime.registry = HandlerRegistry()
+        stored = await client.put("/v1/workflows/scan", json={"workflow": workflow})
+        await _refusal(stored, "tokenize", listener.target)
+        inline = await client.post(
+            "/v1/workflow-runs", json={"workflow": workflow, "input": {"text": "x"}}
+        )
+        await _refusal(inline, "tokenize", listener.target)
+        listed = await client.get("/v1/workflow-runs")
+        assert (await listed.json()).get("jobs", []) == []
+    assert listener.connections == 0
+
+
+async def test_the_default_allows_in_process_handlers_only(dsn: str, listener: Listener) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        assert runtime.target_policy.patterns == ()
+        local = envelope(name="local-only", target="local")
+        assert (
+            await client.put("/v1/workflows/local-only", json={"workflow": local})
+        ).status == 200
+        remote = envelope(name="remote", target=listener.target)
+        response = await client.put("/v1/workflows/remote", json={"workflow": remote})
+        body = await response.json()
+        assert response.status == 400, body
+        assert "none: steps run in-process handlers only" in body["message"]
+    assert listener.connections == 0
+
+
+async def test_a_stored_snapshot_off_the_list_fails_at_call_time_without_dialling(
+    listener: Listener,
+) -> None:
+    # A snapshot stored before the list changed reaches the channel cache,
+    # which refuses it too.
+    workflow = compile_definition(envelope(target=listener.target, review=None))
+    channels = GrpcChannels(policy=TargetPolicy.parse(["10.9.9.9:443"]))
+    with pytest.raises(StepFailure) as caught:
+        await run_segment(
+            workflow,
+            {"text": "x"},
+            [],
+            job_id="j",
+            attempt=1,
+            on_checkpoint=_ignore,
+            registry=HandlerRegistry(),
+            channels=channels,
+        )
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert "is not an allowed step target" in caught.value.message
+    assert len(channels) == 0
+    assert listener.connections == 0
+    await channels.close()
+
+
+async def test_a_transport_error_keeps_the_status_and_not_the_peers_text(
+    listener: Listener,
+) -> None:
+    workflow = compile_definition(envelope(target=listener.target, review=None))
+    channels = GrpcChannels(policy=ALLOW_ALL)
+    with pytest.raises(StepFailure) as caught:
+        await run_segment(
+            workflow,
+            {"text": "x"},
+            [],
+            job_id="j",
+            attempt=1,
+            on_checkpoint=_ignore,
+            registry=HandlerRegistry(),
+            channels=channels,
+        )
+    await channels.close()
+    assert listener.connections >= 1  # it was dialled: allowed this time
+    message = caught.value.message
+    assert message.startswith(f"gRPC UNAVAILABLE from {listener.target}: "), message
+    for leak in ("secret-admin-console", "400", "http", "Socket", "connect"):
+        assert leak not in message, message
+
+
+async def _ignore(entry: dict[str, Any]) -> None:
+    return None

@@ -1,0 +1,27 @@
+"""The checks of request bodies that run before, and right after, a JSON parse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schemas.errors import InvalidArgument
+from streams.http_errors import check_json_depth, load_json, nul_field
+
+
+def test_depth_counts_arrays_and_objects_but_not_brackets_in_strings() -> None:
+    check_json_depth(b"[" * 5 + b"]" * 5, limit=5)
+    with pytest.raises(InvalidArgument, match="more than 5 levels"):
+        check_json_depth(b'{"a":' * 6 + b"1" + b"}" * 6, limit=5)
+    check_json_depth(json.dumps({"a": '[[[[[[[[{{{{{\\"' * 10}).encode(), limit=2)
+    # Many shallow siblings are not depth.
+    check_json_depth(b"[" + b"[]," * 10_000 + b"[]]", limit=2)
+
+
+def test_nul_is_found_at_any_depth_and_named_by_its_path() -> None:
+    assert nul_field({"a": [1, {"b": "x\x00"}]}) == "a[1].b"
+    assert nul_field({"a": {"k\x00": 1}}) == "a field name in a"
+    assert nul_field(["ok", "fine"]) is None
+    with pytest.raises(InvalidArgument, match=r"^response\.note contains U\+0000"):
+        load_json(b'{"response": {"note": "a\\u0000b"}}', "complete-step")

@@ -1,0 +1,87 @@
+"""Rule caps, target patterns and the bounded channel cache, without a network."""
+
+from __future__ import annotations
+
+import pytest
+
+from workflows.invokers import GrpcChannels
+from workflows.rules import RuleError, RuleLimits, check_limits
+from workflows.targets import TargetPattern, TargetPolicy, TlsRule
+
+
+@pytest.mark.parametrize(
+    ("rule", "deepest"),
+    [
+        ("input.ids.all(x, x > 0)", 1),
+        ("input.ids.all(x, input.ids.exists(y, y == x))", 2),
+        ("a.map(x, b.map(y, c.filter(z, z))) + d.map(w, w)", 3),
+        ("'.map(' + input.text", 0),  # inside a string literal: not a macro
+        ("size(input.ids) > 0 && (input.text != '')", 0),
+    ],
+)
+def test_macro_nesting_is_counted(rule: str, deepest: int) -> None:
+    check_limits(rule, RuleLimits(max_nesting=max(deepest, 1)))
+    if deepest > 1:
+        with pytest.raises(RuleError, match=f"{deepest} deep; at most {deepest - 1} "):
+            check_limits(rule, RuleLimits(max_nesting=deepest - 1))
+
+
+def test_a_long_rule_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(RuleError, match="at most 20"):
+        check_limits("input.text + " + "'x' + " * 10 + "''", RuleLimits(max_chars=20))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "target", "allowed"),
+    [
+        ("127.0.0.1:*", "127.0.0.1:50051", True),
+        ("127.0.0.1:*", "127.0.0.2:50051", False),
+        ("*.svc.cluster.local:443", "embed.ml.svc.cluster.local:443", True),
+        ("*.svc.cluster.local:443", "svc.cluster.local:443", False),
+        ("*.svc.cluster.local:443", "evil.svc.cluster.local.attacker.io:443", False),
+        ("*.svc.cluster.local:443", "embed.ml.svc.cluster.local:444", False),
+        ("Embedder.Internal:50051", "embedder.internal:50051", True),
+        ("[::1]:*", "[::1]:7000", True),
+        ("*:8443", "anything:8443", True),
+    ],
+)
+def test_target_patterns(pattern: str, target: str, allowed: bool) -> None:
+    assert TargetPolicy.parse([pattern]).allows(target) is allowed
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1", "host:0", "host:http", "a b:1", "**:1"])
+def test_malformed_patterns_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"target pattern|port"):
+        TargetPattern.parse(bad)
+
+
+def test_tls_rules_read_their_files_and_pair_cert_with_key(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"CA")
+    rule = TlsRule.parse(f"*.internal:443;ca={ca};authority=svc.internal")
+    assert rule.ca == b"CA" and rule.cert is None and rule.authority == "svc.internal"
+    with pytest.raises(ValueError, match="needs both cert= and key="):
+        TlsRule.parse(f"*.internal:443;cert={ca}")
+    with pytest.raises(ValueError, match="cannot read"):
+        TlsRule.parse("*.internal:443;ca=/no/such/file")
+
+
+async def test_the_channel_cache_closes_the_least_recently_used() -> None:
+    channels = GrpcChannels(max_channels=2, close_grace_s=0.1)
+    channels.unary("127.0.0.1:1001", "/a.B/C", _Response)
+    channels.unary("127.0.0.1:1002", "/a.B/C", _Response)
+    channels.unary("127.0.0.1:1001", "/a.B/C", _Response)  # used again: now the newest
+    channels.unary("127.0.0.1:1003", "/a.B/C", _Response)
+    assert list(channels._channels) == ["127.0.0.1:1001", "127.0.0.1:1003"]
+    retired = list(channels._closing)
+    assert len(retired) == 1
+    await channels.close()
+    assert len(channels) == 0 and all(task.done() for task in retired)
+
+
+class _Response:
+    @staticmethod
+    def FromString(data: bytes) -> _Response:
+        return _Response()

@@ -79,17 +79,22 @@ class ApacheKafkaService(ServiceBase):
         properties: Mapping[str, str] | None = None,
         startup_timeout_s: float = 120.0,
         sasl_ssl: SaslSslListener | None = None,
+        listeners: Mapping[str, str] | None = None,
     ) -> None:
         """``bootstrap_servers=None`` reads ``KAFKA_BOOTSTRAP_SERVERS``; ``""`` forces our own.
 
         ``sasl_ssl`` adds a SASL_SSL listener to a broker started here (an
-        adopted one is used as it is, without one).
+        adopted one is used as it is, without one). ``listeners`` adds more
+        to it, each on a free port: name -> security protocol, configured by
+        ``listener.name.<name>.*`` entries in ``properties``.
         """
         if bootstrap_servers is None:
             bootstrap_servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         self._external = bootstrap_servers or None
         self._sasl_ssl = sasl_ssl
         self._sasl_ssl_bootstrap: str | None = None
+        self._listeners = dict(listeners or {})
+        self._listener_ports: dict[str, int] = {}
         self._version = version
         self._num_partitions = num_partitions
         self._heap = heap
@@ -115,6 +120,12 @@ class ApacheKafkaService(ServiceBase):
     def sasl_ssl_bootstrap_servers(self) -> str | None:
         """``"127.0.0.1:PORT"`` of the SASL_SSL listener; ``None`` when there is none."""
         return self._sasl_ssl_bootstrap if self._bootstrap is not None else None
+
+    def listener_bootstrap_servers(self, name: str) -> str:
+        """``"127.0.0.1:PORT"`` of the extra listener ``name`` of our running broker."""
+        if self._bootstrap is None or name not in self._listener_ports:
+            raise ServiceError(f"no running listener {name!r}")
+        return f"{LOOPBACK}:{self._listener_ports[name]}"
 
     def start(self) -> None:
         if self._bootstrap is not None:
@@ -188,6 +199,14 @@ class ApacheKafkaService(ServiceBase):
         broker_port, controller_port = free_port(), free_port()
         while controller_port == broker_port:
             controller_port = free_port()
+        taken = {broker_port, controller_port}
+        self._listener_ports = {}
+        for name in self._listeners:
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
+            self._listener_ports[name] = port
         props = kafka.server_properties(
             broker_port=broker_port,
             controller_port=controller_port,
@@ -195,9 +214,13 @@ class ApacheKafkaService(ServiceBase):
             host=LOOPBACK,
             num_partitions=self._num_partitions,
             extra=self._properties,
-            sasl_ssl_port=self._sasl_ssl_port(broker_port, controller_port),
+            sasl_ssl_port=self._sasl_ssl_port(*taken),
             sasl_ssl_keystore=self._sasl_ssl.keystore if self._sasl_ssl else None,
             sasl_mechanism=self._sasl_ssl.mechanism if self._sasl_ssl else "SCRAM-SHA-512",
+            listeners={
+                name: (protocol, self._listener_ports[name])
+                for name, protocol in self._listeners.items()
+            },
         )
         config = workdir / "server.properties"
         config.write_text(kafka.render_properties(props))

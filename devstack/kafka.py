@@ -232,6 +232,7 @@ def server_properties(
     sasl_ssl_port: int | None = None,
     sasl_ssl_keystore: Path | None = None,
     sasl_mechanism: str = "SCRAM-SHA-512",
+    listeners: Mapping[str, tuple[str, int]] | None = None,
 ) -> dict[str, str]:
     """A single combined broker + controller, tuned to start fast and serve one test run.
 
@@ -239,6 +240,9 @@ def server_properties(
     TLS with ``sasl_ssl_keystore`` (a PEM file holding the private key, then
     the certificate chain) and ``sasl_mechanism`` authentication, whose
     credentials are added when the storage is formatted (``--add-scram``).
+
+    ``listeners`` adds more, by name: ``{"MTLS": ("SSL", port)}``; their
+    ``listener.name.<name>.*`` settings come in ``extra``.
     """
     props = {
         "process.roles": "broker,controller",
@@ -288,6 +292,10 @@ def server_properties(
                 f"{prefix}ssl.client.auth": "none",
             }
         )
+    for name, (protocol, port) in (listeners or {}).items():
+        props["listeners"] += f",{name}://{host}:{port}"
+        props["advertised.listeners"] += f",{name}://{host}:{port}"
+        props["listener.security.protocol.map"] += f",{name}:{protocol}"
     props.update(extra or {})
     return props
 

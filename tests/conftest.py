@@ -376,6 +376,7 @@ _MODULE_SECONDS = {
     "tests/e2e/test_requests_topic.py": 22,
     "tests/e2e/test_loop_crash.py": 21,
     "tests/integration/streams/test_ownership.py": 20,
+    "tests/integration/security/test_kafka_modes.py": 19,
     "tests/e2e/test_fleet.py": 18,
     "tests/unit/streams/test_app.py": 18,
     "tests/integration/store/test_indexes.py": 18,

@@ -217,24 +217,22 @@ async def test_wfjobs_produce_with_a_wrong_password_fails_naming_the_setting(
     assert "WFJOBS_KAFKA_SASL_PASSWORD" in lines[0], err
 
 
-async def test_a_worker_with_a_wrong_password_exits_at_start_naming_the_setting(
-    sasl_stack: SaslStack,
-) -> None:
-    tmp = sasl_stack.tmp / "refused"
+async def refused_worker(tmp: Path, bootstrap: str, settings: Mapping[str, str]) -> str:
+    """The log of a worker whose Kafka settings the broker refuses, once it has exited.
+
+    It must exit by itself, and not cleanly.
+    """
     env = worker_environment(
         database_url="",
-        bootstrap_servers=sasl_stack.sasl.bootstrap,
-        worker_id="sasl-refused",
+        bootstrap_servers=bootstrap,
+        worker_id="refused",
         web_port=free_port(),
         data_dir=tmp / "faust",
         roles="worker",
         handlers=(HANDLERS_MODULE,),
-        extra={
-            **sasl_stack.sasl.settings_env(password="not-the-password"),
-            "WFJOBS_GROUP": f"sasl-refused-{uuid.uuid4().hex[:8]}",
-        },
+        extra={**settings, "WFJOBS_GROUP": f"refused-{uuid.uuid4().hex[:8]}"},
     )
-    worker = WorkerProcess(env, workdir=tmp, name="sasl-refused", cwd=REPO_ROOT)
+    worker = WorkerProcess(env, workdir=tmp, name="refused", cwd=REPO_ROOT)
     try:
         # It may exit before its web server ever answered.
         with contextlib.suppress(ServiceError):
@@ -246,8 +244,19 @@ async def test_a_worker_with_a_wrong_password_exits_at_start_naming_the_setting(
         code = await wait_until(exited, timeout_s=60.0, interval_s=0.2)
     finally:
         worker.stop(timeout_s=10)
-    assert code != 0
     log = worker.log_tail(200)
+    assert code != 0, log
+    return log
+
+
+async def test_a_worker_with_a_wrong_password_exits_at_start_naming_the_setting(
+    sasl_stack: SaslStack,
+) -> None:
+    log = await refused_worker(
+        sasl_stack.tmp / "refused",
+        sasl_stack.sasl.bootstrap,
+        sasl_stack.sasl.settings_env(password="not-the-password"),
+    )
     named = [line for line in log.splitlines() if "WFJOBS_KAFKA_SASL_PASSWORD" in line]
     assert named, log
     assert "cannot use Kafka" in named[0] and "refused" in named[0], named[0]

@@ -1,0 +1,248 @@
+"""The other security modes against a real broker: SSL with client certificates, SASL_PLAINTEXT.
+
+One private Apache Kafka serves both: an ``MTLS`` listener (SSL that requires
+a client certificate signed by the test CA) and a ``SASLPLAIN`` listener
+(SASL_PLAINTEXT with PLAIN users). For each mode a worker with every role is
+given only that listener and the ``WFJOBS_KAFKA_*`` settings, so Faust, the
+ownership reader and the relay must all speak it: it becomes ready, runs a job
+submitted over HTTP, and the relay's events are read back with the settings'
+own librdkafka configuration. A credential the broker refuses stops a worker
+at start, naming the setting (PLAIN only; see the test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer
+
+from devstack.apache_kafka import ApacheKafkaService
+from devstack.postgres import PostgresService
+from devstack.processes import ServiceError, free_port
+from devstack.stack import WorkerProcess, worker_environment
+from store.outbox import Outbox
+from store.pool import Pool, open_pool
+from store.tokens import create_token
+from streams.auth import SCOPES
+from streams.kafka_security import librdkafka_config
+from streams.settings import Settings
+from tests.certificates import make_client_certificate, make_server_certificates
+from tests.e2e.harness import FAST_SETTINGS, HANDLERS_MODULE, REPO_ROOT, wait_until
+from tests.e2e.test_sasl import _ready, refused_worker
+from tests.workflows_fixtures import envelope
+
+pytestmark = pytest.mark.e2e
+
+MODES = ("ssl-mtls", "sasl-plaintext-plain")
+PLAIN_USER = "wfjobs-plain"
+
+
+@dataclass(frozen=True)
+class ModesBroker:
+    broker: ApacheKafkaService
+    # Per mode: the settings of a process that reaches Kafka only that way.
+    settings: Mapping[str, Mapping[str, str]]
+    # Per mode: those settings with a credential the broker refuses, and its name.
+    refused: Mapping[str, tuple[Mapping[str, str], str]]
+
+
+@pytest.fixture(scope="module")
+def modes_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModesBroker]:
+    tmp = tmp_path_factory.mktemp("kafka-modes")
+    certs = make_server_certificates(tmp / "ca")
+    client = make_client_certificate(certs, tmp / "client", common_name="wfjobs-worker")
+    password = uuid.uuid4().hex
+    mtls, plain = "listener.name.mtls.", "listener.name.saslplain."
+    properties = {
+        f"{mtls}ssl.keystore.type": "PEM",
+        f"{mtls}ssl.keystore.location": str(certs.keystore_file),
+        f"{mtls}ssl.truststore.type": "PEM",
+        f"{mtls}ssl.truststore.location": str(certs.ca_file),
+        f"{mtls}ssl.client.auth": "required",
+        f"{plain}sasl.enabled.mechanisms": "PLAIN",
+        f"{plain}plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{PLAIN_USER}="{password}";'
+        ),
+    }
+    with ApacheKafkaService(
+        "",
+        num_partitions=1,
+        properties=properties,
+        listeners={"MTLS": "SSL", "SASLPLAIN": "SASL_PLAINTEXT"},
+    ) as broker:
+        ssl_settings = {
+            "KAFKA_BOOTSTRAP_SERVERS": broker.listener_bootstrap_servers("MTLS"),
+            "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "WFJOBS_KAFKA_SSL_CA_FILE": str(certs.ca_file),
+            "WFJOBS_KAFKA_SSL_CERT_FILE": str(client.certificate_file),
+            "WFJOBS_KAFKA_SSL_KEY_FILE": str(client.key_file),
+        }
+        plain_settings = {
+            "KAFKA_BOOTSTRAP_SERVERS": broker.listener_bootstrap_servers("SASLPLAIN"),
+            "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "WFJOBS_KAFKA_SASL_MECHANISM": "PLAIN",
+            "WFJOBS_KAFKA_SASL_USERNAME": PLAIN_USER,
+            "WFJOBS_KAFKA_SASL_PASSWORD": password,
+        }
+        yield ModesBroker(
+            broker,
+            settings={"ssl-mtls": ssl_settings, "sasl-plaintext-plain": plain_settings},
+            refused={
+                "sasl-plaintext-plain": (
+                    {**plain_settings, "WFJOBS_KAFKA_SASL_PASSWORD": "not-the-password"},
+                    "WFJOBS_KAFKA_SASL_PASSWORD",
+                ),
+            },
+        )
+
+
+@dataclass
+class ModeStack:
+    mode: str
+    settings: Mapping[str, str]
+    worker: WorkerProcess
+    pool: Pool
+    token: str
+    tmp: Path
+
+
+@pytest.fixture(scope="module", params=MODES)
+async def mode_stack(
+    request: pytest.FixtureRequest,
+    modes_broker: ModesBroker,
+    postgres_server: PostgresService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[ModeStack]:
+    mode: str = request.param
+    tmp = tmp_path_factory.mktemp(mode)
+    dsn = postgres_server.create_database(mode.replace("-", "_"))
+    suffix = uuid.uuid4().hex[:10]
+    settings = {
+        **modes_broker.settings[mode],
+        "WFJOBS_REQUESTS_TOPIC": f"{mode}-requests-{suffix}",
+        "WFJOBS_REQUESTS_DLQ_TOPIC": f"{mode}-requests-dlq-{suffix}",
+        "WFJOBS_EVENTS_TOPIC": f"{mode}-events-{suffix}",
+        "WFJOBS_SCHEMA_REGISTRY_URL": f"mock://{mode}-{suffix}",
+    }
+    env = worker_environment(
+        database_url=dsn,
+        bootstrap_servers=settings["KAFKA_BOOTSTRAP_SERVERS"],
+        worker_id=f"{mode}-1",
+        web_port=free_port(),
+        data_dir=tmp / "faust",
+        handlers=(HANDLERS_MODULE,),
+        extra={
+            **FAST_SETTINGS,
+            **settings,
+            "WFJOBS_GROUP": f"{mode}-{suffix}",
+            # Topic creation goes over the mode's listener too.
+            "WFJOBS_CREATE_TOPICS": "true",
+            "WFJOBS_TOPIC_PARTITIONS": "1",
+            "WFJOBS_AUTO_MIGRATE": "true",
+            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
+        },
+    )
+    worker = WorkerProcess(env, workdir=tmp, name=mode, cwd=REPO_ROOT)
+    pool: Pool | None = None
+    try:
+        await asyncio.to_thread(worker.start, timeout_s=60.0)
+
+        async def ready() -> bool | None:
+            return True if await _ready(worker.url) else None
+
+        await wait_until(ready, timeout_s=60.0, interval_s=0.2)
+        pool = await open_pool(dsn, min_size=1, max_size=2)
+        token = (await create_token(dsn, mode, SCOPES)).token
+        yield ModeStack(mode, settings, worker, pool, token, tmp)
+    except (ServiceError, TimeoutError) as exc:
+        raise AssertionError(
+            f"the {mode} worker did not start: {exc}\n{worker.log_tail()}"
+        ) from None
+    finally:
+        worker.stop(timeout_s=15)
+        if pool is not None:
+            await pool.close()
+        postgres_server.drop_database(dsn)
+
+
+def _read_events(settings: Mapping[str, str], job_id: str, count: int) -> list[str]:
+    """The keys of ``count`` messages of ``job_id`` on the events topic, read with the settings."""
+    config: dict[str, Any] = {
+        **librdkafka_config(Settings.from_env(settings)),
+        "group.id": f"modes-reader-{uuid.uuid4().hex[:8]}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+    consumer = Consumer(config)
+    keys: list[str] = []
+    try:
+        consumer.subscribe([settings["WFJOBS_EVENTS_TOPIC"]])
+        while len(keys) < count:
+            message = consumer.poll(30.0)
+            assert message is not None, f"only {len(keys)} of {count} events arrived"
+            assert message.error() is None, message.error()
+            key = message.key()
+            assert isinstance(key, bytes)
+            if key.decode() == job_id:
+                keys.append(key.decode())
+    finally:
+        consumer.close()
+    return keys
+
+
+async def test_a_job_submitted_over_http_completes_and_its_events_are_relayed(
+    mode_stack: ModeStack,
+) -> None:
+    ready = await httpx.AsyncClient(timeout=5).get(f"{mode_stack.worker.url}/readyz")
+    parts = ready.json()["parts"]
+    assert parts["broker"]["ready"] is True, parts
+
+    workflow = envelope(name=f"{mode_stack.mode}-flow", review="invoke")
+    job_id = str(uuid.uuid4())
+    headers = {"Authorization": f"Bearer {mode_stack.token}"}
+    async with httpx.AsyncClient(
+        base_url=mode_stack.worker.url, timeout=10, headers=headers
+    ) as http:
+        put = await http.put(f"/v1/workflows/{workflow['name']}", json={"workflow": workflow})
+        assert put.status_code == 200, put.text
+        submitted = await http.post(
+            "/v1/workflow-runs",
+            json={"job_id": job_id, "workflow_name": workflow["name"], "input": {"text": "hi"}},
+        )
+        assert submitted.is_success, submitted.text
+
+        async def settled() -> str | None:
+            got = (await http.get(f"/v1/workflow-runs/{job_id}")).json()
+            status = str(got["job"]["status"])
+            return status if status in {"COMPLETED", "FAILED", "DEAD"} else None
+
+        try:
+            status = await wait_until(settled, timeout_s=60.0, interval_s=0.2)
+        except TimeoutError:
+            raise AssertionError(f"{job_id} not settled\n{mode_stack.worker.log_tail()}") from None
+    assert status == "COMPLETED"
+
+    written = await Outbox(mode_stack.pool).events_for(uuid.UUID(job_id))
+    assert written
+    keys = await asyncio.to_thread(_read_events, mode_stack.settings, job_id, len(written))
+    assert len(keys) == len(written)
+
+
+# Only PLAIN: a client certificate the broker refuses reaches the worker as a
+# closed connection, which it cannot tell from a broker that is down.
+@pytest.mark.parametrize("mode", ["sasl-plaintext-plain"])
+async def test_a_refused_credential_stops_the_worker_at_start_naming_the_setting(
+    mode: str, modes_broker: ModesBroker, tmp_path: Path
+) -> None:
+    settings, name = modes_broker.refused[mode]
+    log = await refused_worker(tmp_path, settings["KAFKA_BOOTSTRAP_SERVERS"], settings)
+    named = [line for line in log.splitlines() if name in line and "cannot use Kafka" in line]
+    assert named, log

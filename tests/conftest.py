@@ -52,13 +52,19 @@ from tests.certificates import make_server_certificates
 # --------------------------------------------------------------------------- Postgres
 
 
+# Hundreds of short-lived databases: autovacuum would visit and analyze each
+# one while its test runs, for nothing a test reads (the planner tests ANALYZE
+# what they need themselves).
+SUITE_POSTGRES_SETTINGS = {"autovacuum": "off"}
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresService]:
     """The session's Postgres: ``DATABASE_URL`` when set, else an embedded server.
 
     ``postgres_server.dsn`` is the admin DSN.
     """
-    with PostgresService() as server:
+    with PostgresService(settings=SUITE_POSTGRES_SETTINGS) as server:
         yield server
 
 
@@ -430,7 +436,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before xdist starts its workers (at session start), so they inherit the
     # addresses. Each service adopts the one the environment names, if any.
     # The three start side by side: each spends most of its start waiting.
-    postgres = PostgresService()
+    postgres = PostgresService(settings=SUITE_POSTGRES_SETTINGS)
     listener: SaslSslListener | None = None
     ca_file = ""
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):

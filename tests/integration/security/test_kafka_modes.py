@@ -1,8 +1,11 @@
-"""The other security modes against a real broker: SSL with client certificates, SASL_PLAINTEXT.
+"""The other security modes against a real broker: client certificates, PLAIN, OAUTHBEARER.
 
-One private Apache Kafka serves both: an ``MTLS`` listener (SSL that requires
-a client certificate signed by the test CA) and a ``SASLPLAIN`` listener
-(SASL_PLAINTEXT with PLAIN users). For each mode a worker with every role is
+One private Apache Kafka serves them all: an ``MTLS`` listener (SSL that
+requires a client certificate signed by the test CA), a ``SASLPLAIN`` listener
+(SASL_PLAINTEXT with PLAIN users) and an ``OAUTH`` listener (SASL_PLAINTEXT with
+OAUTHBEARER; the broker's default validator takes unsigned tokens, which a
+token endpoint the test serves hands out for a client-credentials grant). For
+each mode a worker with every role is
 given only that listener and the ``WFJOBS_KAFKA_*`` settings, so Faust, the
 ownership reader and the relay must all speak it: it becomes ready, runs a job
 submitted over HTTP, and the relay's events are read back with the settings'
@@ -13,9 +16,14 @@ at start, naming the setting (PLAIN only; see the test).
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +48,7 @@ from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
 
-MODES = ("ssl-mtls", "sasl-plaintext-plain")
+MODES = ("ssl-mtls", "sasl-plaintext-plain", "sasl-plaintext-oauthbearer")
 PLAIN_USER = "wfjobs-plain"
 
 
@@ -53,13 +61,53 @@ class ModesBroker:
     refused: Mapping[str, tuple[Mapping[str, str], str]]
 
 
+def _unsigned_jwt(claims: Mapping[str, Any]) -> str:
+    def part(value: Mapping[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part(claims)}."
+
+
+class _TokenEndpoint(BaseHTTPRequestHandler):
+    """An OAuth 2 token endpoint: every client-credentials grant gets an hour's token."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        now = int(time.time())
+        token = _unsigned_jwt({"sub": "wfjobs-worker", "iat": now, "exp": now + 3600})
+        body = json.dumps(
+            {"access_token": token, "token_type": "bearer", "expires_in": 3600}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
 @pytest.fixture(scope="module")
-def modes_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModesBroker]:
+def token_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _TokenEndpoint)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token"
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join()
+
+
+@pytest.fixture(scope="module")
+def modes_broker(tmp_path_factory: pytest.TempPathFactory, token_url: str) -> Iterator[ModesBroker]:
     tmp = tmp_path_factory.mktemp("kafka-modes")
     certs = make_server_certificates(tmp / "ca")
     client = make_client_certificate(certs, tmp / "client", common_name="wfjobs-worker")
     password = uuid.uuid4().hex
-    mtls, plain = "listener.name.mtls.", "listener.name.saslplain."
+    mtls, plain, oauth = "listener.name.mtls.", "listener.name.saslplain.", "listener.name.oauth."
     properties = {
         f"{mtls}ssl.keystore.type": "PEM",
         f"{mtls}ssl.keystore.location": str(certs.keystore_file),
@@ -71,12 +119,17 @@ def modes_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModesBrok
             "org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'user_{PLAIN_USER}="{password}";'
         ),
+        f"{oauth}sasl.enabled.mechanisms": "OAUTHBEARER",
+        f"{oauth}oauthbearer.sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredLoginStringClaim_sub="broker";'
+        ),
     }
     with ApacheKafkaService(
         "",
         num_partitions=1,
         properties=properties,
-        listeners={"MTLS": "SSL", "SASLPLAIN": "SASL_PLAINTEXT"},
+        listeners={"MTLS": "SSL", "SASLPLAIN": "SASL_PLAINTEXT", "OAUTH": "SASL_PLAINTEXT"},
     ) as broker:
         ssl_settings = {
             "KAFKA_BOOTSTRAP_SERVERS": broker.listener_bootstrap_servers("MTLS"),
@@ -92,9 +145,21 @@ def modes_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModesBrok
             "WFJOBS_KAFKA_SASL_USERNAME": PLAIN_USER,
             "WFJOBS_KAFKA_SASL_PASSWORD": password,
         }
+        oauth_settings = {
+            "KAFKA_BOOTSTRAP_SERVERS": broker.listener_bootstrap_servers("OAUTH"),
+            "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "WFJOBS_KAFKA_SASL_MECHANISM": "OAUTHBEARER",
+            "WFJOBS_KAFKA_OAUTH_TOKEN_URL": token_url,
+            "WFJOBS_KAFKA_OAUTH_CLIENT_ID": "wfjobs-worker",
+            "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET": uuid.uuid4().hex,
+        }
         yield ModesBroker(
             broker,
-            settings={"ssl-mtls": ssl_settings, "sasl-plaintext-plain": plain_settings},
+            settings={
+                "ssl-mtls": ssl_settings,
+                "sasl-plaintext-plain": plain_settings,
+                "sasl-plaintext-oauthbearer": oauth_settings,
+            },
             refused={
                 "sasl-plaintext-plain": (
                     {**plain_settings, "WFJOBS_KAFKA_SASL_PASSWORD": "not-the-password"},

@@ -7,8 +7,7 @@ SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
 .PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers kafka clean
 
-# pip only installs uv, whose pip-compatible installer does the rest several
-# times faster.
+# pip only installs uv; its pip-compatible installer does the rest.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv

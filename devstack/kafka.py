@@ -176,10 +176,10 @@ def class_archive_flags(libs: Path, java: str) -> tuple[list[str], Path | None]:
 
     The first broker on a machine writes the classes it loaded into a class data
     sharing archive when it exits; every later JVM maps that archive instead of
-    parsing and verifying ~4 000 classes again, which halves the CPU a start
-    costs. The archive is written under a name of its own and only renamed into
-    place by :func:`adopt_class_archive` once its JVM has exited, so a start
-    racing another never maps a half-written file. A JVM that finds the archive
+    parsing and verifying thousands of classes again. The archive is written
+    under a name of its own and only renamed into place by
+    :func:`adopt_class_archive` once its JVM has exited, so a start racing
+    another never maps a half-written file. A JVM that finds the archive
     does not match it (another Java) ignores it and starts as usual.
     """
     archive = libs.parent / f"classes-{_java_fingerprint(java)}.jsa"

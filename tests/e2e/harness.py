@@ -73,6 +73,36 @@ class Call:
     attempt: int
 
 
+def self_provisioning_worker(
+    name: str, *, dsn: str, bootstrap: str, settings: Mapping[str, str], tmp: Path
+) -> WorkerProcess:
+    """A worker with every role that reaches Kafka only as ``settings`` say.
+
+    It creates its own topics and migrates its own database, so everything it
+    does with Kafka (the admin client included) goes the way the settings
+    describe: a test of a security mode gives it nothing else.
+    """
+    suffix = uuid.uuid4().hex[:10]
+    env = worker_environment(
+        database_url=dsn,
+        bootstrap_servers=bootstrap,
+        worker_id=f"{name}-1",
+        web_port=free_port(),
+        data_dir=tmp / "faust",
+        handlers=(HANDLERS_MODULE,),
+        extra={
+            **FAST_SETTINGS,
+            **settings,
+            "WFJOBS_GROUP": f"{name}-{suffix}",
+            "WFJOBS_CREATE_TOPICS": "true",
+            "WFJOBS_TOPIC_PARTITIONS": "1",
+            "WFJOBS_AUTO_MIGRATE": "true",
+            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
+        },
+    )
+    return WorkerProcess(env, workdir=tmp, name=name, cwd=REPO_ROOT)
+
+
 class Stack:
     """One test's database, topics, registry and workers."""
 

@@ -40,6 +40,8 @@ ROLES = ("api", "relay", "worker")
 COMBINATIONS = [
     ",".join(combo) for size in (1, 2, 3) for combo in itertools.combinations(ROLES, size)
 ]
+# The API-only process also runs the other auth mode: no tokens at all.
+AUTH_OFF = "api"
 # Faust logs each service it starts; these are its Kafka clients.
 FAUST_KAFKA_CLIENTS = ("[^--Consumer]: Starting", "[^--Producer]: Starting")
 
@@ -144,12 +146,25 @@ async def test_api_relay_and_worker_processes_side_by_side(stack: Stack) -> None
 async def test_every_combination_of_roles_runs_alone(stack: Stack) -> None:
     workers = await asyncio.gather(
         *(
-            stack.start_worker(f"roles-{roles.replace(',', '-')}", WFJOBS_ROLES=roles)
+            stack.start_worker(
+                f"roles-{roles.replace(',', '-')}",
+                WFJOBS_ROLES=roles,
+                WFJOBS_AUTH="off" if roles == AUTH_OFF else "on",
+            )
             for roles in COMBINATIONS
         )
     )
     assert len(workers) == 7
     async with httpx.AsyncClient(timeout=5) as http:
+        for roles, worker in zip(COMBINATIONS, workers, strict=True):
+            if "api" not in roles:
+                continue
+            tokenless = await http.get(f"{worker.url}/v1/workflow-runs")
+            if roles == AUTH_OFF:
+                assert tokenless.status_code == 200, tokenless.text
+                assert "WFJOBS_AUTH=off" in worker.log_tail(200)
+            else:
+                assert tokenless.status_code == 401, (roles, tokenless.text)
         # Half a minute of health checks: a process that would die once a
         # Kafka client of Faust's gave up on it does so within seconds.
         deadline = time.monotonic() + 30

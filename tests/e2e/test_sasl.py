@@ -34,7 +34,7 @@ from store.outbox import Outbox
 from store.pool import Pool, open_pool
 from store.runs import RunStore
 from tests.conftest import KafkaSasl
-from tests.e2e.harness import FAST_SETTINGS, HANDLERS_MODULE, REPO_ROOT, wait_until
+from tests.e2e.harness import HANDLERS_MODULE, REPO_ROOT, self_provisioning_worker, wait_until
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -96,25 +96,10 @@ async def sasl_stack(
         # the contract in the same order, so the ids agree across processes.
         "WFJOBS_SCHEMA_REGISTRY_URL": f"mock://sasl-{suffix}",
     }
-    env = worker_environment(
-        database_url=dsn,
-        bootstrap_servers=kafka_sasl.bootstrap,
-        worker_id="sasl-1",
-        web_port=free_port(),
-        data_dir=tmp / "faust",
-        handlers=(HANDLERS_MODULE,),
-        extra={
-            **FAST_SETTINGS,
-            **settings,
-            "WFJOBS_GROUP": f"sasl-{suffix}",
-            # Faust declares the three topics over SASL_SSL too.
-            "WFJOBS_CREATE_TOPICS": "true",
-            "WFJOBS_TOPIC_PARTITIONS": "1",
-            "WFJOBS_AUTO_MIGRATE": "true",
-            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
-        },
+    # Faust declares the three topics over SASL_SSL too.
+    worker = self_provisioning_worker(
+        "sasl", dsn=dsn, bootstrap=kafka_sasl.bootstrap, settings=settings, tmp=tmp
     )
-    worker = WorkerProcess(env, workdir=tmp, name="sasl-1", cwd=REPO_ROOT)
     pool: Pool | None = None
     try:
         await asyncio.to_thread(worker.start, timeout_s=60.0)

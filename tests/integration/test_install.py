@@ -4,7 +4,7 @@ The package is built from a copy of the sources (what the Docker image copies)
 into a fresh virtual environment; the installer reaches the package index for
 the runtime dependencies. The installer is uv's pip-compatible one: it builds
 the package through the same PEP 517 backend and resolves the same
-requirements as ``pip install``, in a tenth of the time. Every command runs
+requirements as ``pip install``, faster. Every command runs
 outside the repository, so nothing is imported from the working tree by
 accident. ``wfjobs dev`` needs the ``dev`` extra, which
 this install leaves out: it must say which extra to install instead of failing

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer
 from devstack.apache_kafka import ApacheKafkaService
 from devstack.postgres import PostgresService
 from devstack.processes import ServiceError, free_port
-from devstack.stack import WorkerProcess, worker_environment
+from devstack.stack import WorkerProcess
 from store.outbox import Outbox
 from store.pool import Pool, open_pool
 from store.tokens import create_token
@@ -42,7 +42,7 @@ from streams.auth import SCOPES
 from streams.kafka_security import librdkafka_config
 from streams.settings import Settings
 from tests.certificates import make_client_certificate, make_server_certificates
-from tests.e2e.harness import FAST_SETTINGS, HANDLERS_MODULE, REPO_ROOT, wait_until
+from tests.e2e.harness import self_provisioning_worker, wait_until
 from tests.e2e.test_sasl import _ready, refused_worker
 from tests.workflows_fixtures import envelope
 
@@ -197,25 +197,10 @@ async def mode_stack(
         "WFJOBS_EVENTS_TOPIC": f"{mode}-events-{suffix}",
         "WFJOBS_SCHEMA_REGISTRY_URL": f"mock://{mode}-{suffix}",
     }
-    env = worker_environment(
-        database_url=dsn,
-        bootstrap_servers=settings["KAFKA_BOOTSTRAP_SERVERS"],
-        worker_id=f"{mode}-1",
-        web_port=free_port(),
-        data_dir=tmp / "faust",
-        handlers=(HANDLERS_MODULE,),
-        extra={
-            **FAST_SETTINGS,
-            **settings,
-            "WFJOBS_GROUP": f"{mode}-{suffix}",
-            # Topic creation goes over the mode's listener too.
-            "WFJOBS_CREATE_TOPICS": "true",
-            "WFJOBS_TOPIC_PARTITIONS": "1",
-            "WFJOBS_AUTO_MIGRATE": "true",
-            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
-        },
+    # Topic creation goes over the mode's listener too.
+    worker = self_provisioning_worker(
+        mode, dsn=dsn, bootstrap=settings["KAFKA_BOOTSTRAP_SERVERS"], settings=settings, tmp=tmp
     )
-    worker = WorkerProcess(env, workdir=tmp, name=mode, cwd=REPO_ROOT)
     pool: Pool | None = None
     try:
         await asyncio.to_thread(worker.start, timeout_s=60.0)

@@ -76,6 +76,12 @@ def build_event(
     verdict: str = "",
     error: str = "",
     result: Mapping[str, Any] | None = None,
+    next_run_at: datetime | None = None,
+    resumed_from: uuid.UUID | str = "",
+    resumed_by: uuid.UUID | str = "",
+    review_request: Mapping[str, Any] | None = None,
+    deadline: str = "",
+    reason: str = "",
 ) -> WorkflowRunEvent:
     """Build a lifecycle event (without ``event_id``) and check its rules."""
     event = WorkflowRunEvent(
@@ -87,11 +93,19 @@ def build_event(
         skipped=skipped,
         verdict=verdict,
         error=error,
+        resumed_from=str(resumed_from),
+        resumed_by=str(resumed_by),
+        deadline=deadline,
+        reason=reason,
     )
     if response is not None:
         event.response.update(response)
     if result is not None:
         event.result.update(result)
+    if review_request is not None:
+        event.review_request.update(review_request)
+    if next_run_at is not None:
+        event.next_run_at.FromDatetime(next_run_at)
     event.occurred_at.FromDatetime(occurred_at)
     # Every commit point builds one of these, so the rules are first checked by
     # a plain-Python mirror of them; only an event the mirror doubts goes to
@@ -125,6 +139,11 @@ def event_obeys_rules(event: WorkflowRunEvent) -> bool:
         and (kind != EventType.TYPE_COMPLETED or event.verdict != "")
         and (kind not in _NEEDS_ERROR or event.error != "")
         and (kind not in _NEEDS_STEP_NAME or event.step_name != "")
+        and (
+            kind != EventType.TYPE_RETRY_SCHEDULED
+            or (event.error != "" and event.HasField("next_run_at"))
+        )
+        and (kind != EventType.TYPE_RESUMED or event.resumed_by != "")
     )
 
 

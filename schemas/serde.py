@@ -278,6 +278,14 @@ def event_to_avro_record(event: WorkflowRunEvent) -> dict[str, Any]:
         "error": event.error,
         "result": _struct_json(event, "result"),
         "occurred_at": event.occurred_at.ToDatetime(tzinfo=UTC),
+        "next_run_at": (
+            event.next_run_at.ToDatetime(tzinfo=UTC) if event.HasField("next_run_at") else None
+        ),
+        "resumed_from": event.resumed_from,
+        "resumed_by": event.resumed_by,
+        "review_request": _struct_json(event, "review_request"),
+        "deadline": event.deadline,
+        "reason": event.reason,
     }
 
 
@@ -293,16 +301,24 @@ def avro_record_to_event(record: Mapping[str, Any]) -> WorkflowRunEvent:
         skipped=record.get("skipped", False),
         verdict=record.get("verdict", ""),
         error=record.get("error", ""),
+        resumed_from=record.get("resumed_from", ""),
+        resumed_by=record.get("resumed_by", ""),
+        deadline=record.get("deadline", ""),
+        reason=record.get("reason", ""),
     )
-    if record.get("response") is not None:
-        event.response.update(json.loads(record["response"]))
-    if record.get("result") is not None:
-        event.result.update(json.loads(record["result"]))
-    occurred_at = record["occurred_at"]
-    if isinstance(occurred_at, int):  # read without logical types: microseconds
-        occurred_at = datetime.fromtimestamp(occurred_at / 1_000_000, tz=UTC)
-    event.occurred_at.FromDatetime(occurred_at)
+    for field in ("response", "result", "review_request"):
+        if record.get(field) is not None:
+            getattr(event, field).update(json.loads(record[field]))
+    event.occurred_at.FromDatetime(_avro_time(record["occurred_at"]))
+    if record.get("next_run_at") is not None:
+        event.next_run_at.FromDatetime(_avro_time(record["next_run_at"]))
     return event
+
+
+def _avro_time(value: datetime | int) -> datetime:
+    if isinstance(value, int):  # read without logical types: microseconds
+        return datetime.fromtimestamp(value / 1_000_000, tz=UTC)
+    return value
 
 
 def _struct_json(event: WorkflowRunEvent, field: str) -> str | None:

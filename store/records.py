@@ -45,6 +45,20 @@ class Job:
     # The principal that submitted it; None for jobs recorded before owners
     # existed (only a fleet-wide token reaches those).
     owner: str | None = None
+    # RUNNING: an operator asked to cancel it; its worker settles it CANCELLED.
+    cancel_requested_at: datetime | None = None
+    cancel_reason: str | None = None
+    # The whole-job deadline, counted from submission.
+    deadline_at: datetime | None = None
+    # WAITING: when the parked step's timeout passes, and what its rules built
+    # for the reviewer.
+    step_deadline_at: datetime | None = None
+    review_request: dict[str, Any] | None = None
+    # The terminal job this run resumes; the run that resumed this job.
+    resumed_from: UUID | None = None
+    resumed_by: UUID | None = None
+    # When the current (or last) claim took it.
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

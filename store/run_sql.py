@@ -38,6 +38,14 @@ JOB_COLUMNS = (
     "created_at",
     "updated_at",
     "owner",
+    "cancel_requested_at",
+    "cancel_reason",
+    "deadline_at",
+    "step_deadline_at",
+    "review_request",
+    "resumed_from",
+    "resumed_by",
+    "claimed_at",
 )
 # Plain names, for reading a CTE that returned a job's columns.
 _COLUMNS = ", ".join(JOB_COLUMNS)

@@ -127,6 +127,14 @@ def _job(row: Sequence[Any]) -> Job:
         created_at,
         updated_at,
         owner,
+        cancel_requested_at,
+        cancel_reason,
+        deadline_at,
+        step_deadline_at,
+        review_request,
+        resumed_from,
+        resumed_by,
+        claimed_at,
     ) = row
     return Job(
         job_id=job_id,
@@ -148,6 +156,14 @@ def _job(row: Sequence[Any]) -> Job:
         created_at=created_at,
         updated_at=updated_at,
         owner=owner,
+        cancel_requested_at=cancel_requested_at,
+        cancel_reason=cancel_reason,
+        deadline_at=deadline_at,
+        step_deadline_at=step_deadline_at,
+        review_request=review_request,
+        resumed_from=resumed_from,
+        resumed_by=resumed_by,
+        claimed_at=claimed_at,
     )
 
 

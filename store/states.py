@@ -20,37 +20,45 @@ class Status(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     DEAD = "DEAD"
+    CANCELLED = "CANCELLED"
 
 
 STATUSES: tuple[str, ...] = tuple(status.value for status in Status)
 
-TERMINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.FAILED, Status.DEAD})
+TERMINAL: frozenset[Status] = frozenset(
+    {Status.COMPLETED, Status.FAILED, Status.DEAD, Status.CANCELLED}
+)
 
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset(
         {
             Status.RUNNING,  # claim
             Status.DEAD,  # found with its attempts already exhausted
+            Status.CANCELLED,  # cancelled before any worker took it
+            Status.FAILED,  # its whole-job deadline passed while it waited
         }
     ),
     Status.RUNNING: frozenset(
         {
             Status.COMPLETED,  # settled with a verdict
-            Status.FAILED,  # verdict failure or non-retryable error
+            Status.FAILED,  # verdict failure, non-retryable error, or a deadline passed
             Status.WAITING,  # parked on an external step
             Status.QUEUED,  # retry with backoff, lease swept, or handed back
             Status.DEAD,  # retryable failure with no attempts left
+            Status.CANCELLED,  # its worker (or the sweeper) honoured a cancel request
         }
     ),
     Status.WAITING: frozenset(
         {
             Status.QUEUED,  # complete-step accepted
-            Status.FAILED,  # complete-step response rejected
+            Status.FAILED,  # complete-step response rejected, or a deadline passed
+            Status.CANCELLED,  # cancelled while parked
         }
     ),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset(),
     Status.DEAD: frozenset(),
+    Status.CANCELLED: frozenset(),
 }
 
 

@@ -88,6 +88,14 @@ def job_message(job: Job) -> api_pb2.Job:
     if job.result is not None:
         message.result.SetInParent()
         _set_struct(message.result, job.result)
+    message.resumed_from = str(job.resumed_from or "")
+    message.resumed_by = str(job.resumed_by or "")
+    _set_time(message.deadline, job.deadline_at)
+    _set_time(message.step_deadline, job.step_deadline_at)
+    _set_time(message.cancel_requested_at, job.cancel_requested_at)
+    if job.review_request is not None:
+        message.review_request.SetInParent()
+        _set_struct(message.review_request, job.review_request)
     return message
 
 

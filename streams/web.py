@@ -590,7 +590,8 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
 
             return await _respond(self, call)
 
-    @app.page("/v1/workflow-runs/{job_id}")
+    # A job id never holds ':' or '/', so ``{id}:verb`` routes never match here.
+    @app.page("/v1/workflow-runs/{job_id:[^/:]+}")
     class WorkflowRun(View):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:

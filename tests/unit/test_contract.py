@@ -224,6 +224,11 @@ DECLARED_EVENT_RULES = {
         ("event.completed_has_verdict", "this.type != 4 || this.verdict != ''"),
         ("event.failure_has_error", "!(this.type == 5 || this.type == 6) || this.error != ''"),
         ("event.step_names_step", "!(this.type == 2 || this.type == 3) || this.step_name != ''"),
+        (
+            "event.retry_has_error_and_time",
+            "this.type != 8 || (this.error != '' && has(this.next_run_at))",
+        ),
+        ("event.resumed_names_run", "this.type != 9 || this.resumed_by != ''"),
     ],
     "message rule kinds": ["cel"],
     "job_id": "string {\n  uuid: true\n}\n",
@@ -258,7 +263,7 @@ def test_the_mirror_knows_every_declared_event_rule() -> None:
 
 
 # Every declared type, the unset one, and numbers no type has.
-_EVENT_TYPES = [*range(8), 99]
+_EVENT_TYPES = [*range(10), 99]
 _JOB_IDS = [
     JOB_ID,
     JOB_ID.upper(),
@@ -281,6 +286,8 @@ def _raw_event(
     step_name: str,
     verdict: str,
     error: str,
+    next_run: bool = False,
+    resumed_by: str = "",
 ) -> WorkflowRunEvent:
     # Built field by field, without build_event, so invalid events can exist.
     built = WorkflowRunEvent(
@@ -290,10 +297,13 @@ def _raw_event(
         step_name=step_name,
         verdict=verdict,
         error=error,
+        resumed_by=resumed_by,
     )
     built.type = event_type  # type: ignore[assignment]
     if stamped:
         built.occurred_at.FromDatetime(WHEN)
+    if next_run:
+        built.next_run_at.FromDatetime(WHEN)
     return built
 
 
@@ -310,14 +320,24 @@ def test_the_mirror_agrees_with_protovalidate_on_every_combination() -> None:
             ("", "boom"),  # error
         )
     )
-    assert len(combinations) == 9 * 9 * 3 * 3 * 2 * 2 * 2 * 2
+    assert len(combinations) == 11 * 9 * 3 * 3 * 2 * 2 * 2 * 2
     for combination in combinations:
         built = _raw_event(*combination)
         assert event_obeys_rules(built) == (violations(built) == []), built
 
 
+def test_the_mirror_agrees_on_the_retry_and_resume_fields() -> None:
+    for event_type, stamped, error, next_run, resumed_by in itertools.product(
+        _EVENT_TYPES, (True, False), ("", "boom"), (True, False), ("", JOB_ID)
+    ):
+        built = _raw_event(
+            event_type, JOB_ID, "n", 1, stamped, "s", "ok", error, next_run, resumed_by
+        )
+        assert event_obeys_rules(built) == (violations(built) == []), built
+
+
 @given(
-    event_type=st.integers(min_value=-1, max_value=8),
+    event_type=st.integers(min_value=-1, max_value=10),
     job_id=st.one_of(st.uuids().map(str), st.text(max_size=40)),
     workflow_name=st.text(max_size=3),
     attempt=st.integers(min_value=-(2**31), max_value=2**31 - 1),

@@ -124,7 +124,12 @@ async def test_only_old_settled_jobs_and_published_rows_go(pool: Pool, store: Ru
     # A year on: every terminal job whose events are all PUBLISHED goes, with
     # its published rows and its snapshot; the rest stays whatever its age.
     later = await retention.run_pass(policy(), now=datetime.now(UTC) + 365 * DAY)
-    assert later.jobs == {Status.COMPLETED: 1, Status.FAILED: 1, Status.DEAD: 1}
+    assert later.jobs == {
+        Status.COMPLETED: 1,
+        Status.FAILED: 1,
+        Status.DEAD: 1,
+        Status.CANCELLED: 0,
+    }
     left = await job_ids(pool)
     assert left == everything - {completed, failed, dead}
     assert set(live.values()) | {unpublished, dead_lettered} == left
@@ -155,10 +160,10 @@ async def test_each_terminal_status_keeps_its_own_age(pool: Pool, store: RunStor
 
     assert (await retention.run_pass(ages, now=now + 6 * DAY)).deleted == 0
     eight = await retention.run_pass(ages, now=now + 8 * DAY)
-    assert eight.jobs == {Status.COMPLETED: 1, Status.FAILED: 0}
+    assert eight.jobs == {Status.COMPLETED: 1, Status.FAILED: 0, Status.CANCELLED: 0}
     assert await job_ids(pool) == {failed, dead}
     thirty_one = await retention.run_pass(ages, now=now + 31 * DAY)
-    assert thirty_one.jobs == {Status.COMPLETED: 0, Status.FAILED: 1}
+    assert thirty_one.jobs == {Status.COMPLETED: 0, Status.FAILED: 1, Status.CANCELLED: 0}
     # DEAD is kept forever; the outbox too (its age is None).
     assert await job_ids(pool) == {dead}
     assert (await rows(pool, "SELECT count(*) FROM workflow_run_events_outbox"))[0][0] > 0

@@ -20,8 +20,9 @@ def test_the_defaults_keep_outbox_rows_a_week_and_jobs_a_month() -> None:
         Status.COMPLETED: 30 * DAY,
         Status.FAILED: 30 * DAY,
         Status.DEAD: 30 * DAY,
+        Status.CANCELLED: 30 * DAY,
     }
-    assert describe(policy) == "outbox 7d; jobs COMPLETED 30d, DEAD 30d, FAILED 30d"
+    assert describe(policy) == "outbox 7d; jobs CANCELLED 30d, COMPLETED 30d, DEAD 30d, FAILED 30d"
 
 
 @pytest.mark.parametrize(
@@ -49,9 +50,15 @@ def test_per_status_overrides_and_keep_forever() -> None:
         Status.COMPLETED: 7 * DAY,
         Status.FAILED: timedelta(hours=12),
         Status.DEAD: None,
+        Status.CANCELLED: timedelta(hours=12),
     }
     only = Settings.from_env({"WFJOBS_JOB_RETENTION": "FAILED=1d"}).retention_policy()
-    assert only.jobs == {Status.COMPLETED: 30 * DAY, Status.FAILED: DAY, Status.DEAD: 30 * DAY}
+    assert only.jobs == {
+        Status.COMPLETED: 30 * DAY,
+        Status.FAILED: DAY,
+        Status.DEAD: 30 * DAY,
+        Status.CANCELLED: 30 * DAY,
+    }
 
 
 @pytest.mark.parametrize(

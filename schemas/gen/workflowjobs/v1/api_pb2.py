@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19workflowjobs/v1/api.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\nCheckpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07skipped\x18\x02 \x01(\x08\x12)\n\x08response\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x8e\x05\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.workflowjobs.v1.Job.Status\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12-\n\trun_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10outstanding_step\x18\x07 \x01(\t\x12\x30\n\x0b\x63heckpoints\x18\x08 \x03(\x0b\x32\x1b.workflowjobs.v1.Checkpoint\x12&\n\x05input\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x06result\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07verdict\x18\x0b \x01(\t\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x13\n\x0blease_owner\x18\r \x01(\t\x12/\n\x0blease_until\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05owner\x18\x11 \x01(\t\"k\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0b\n\x07WAITING\x10\x03\x12\r\n\tCOMPLETED\x10\x04\x12\n\n\x06\x46\x41ILED\x10\x05\x12\x08\n\x04\x44\x45\x41\x44\x10\x06\"\xf9\x02\n\x15SubmitWorkflowRequest\x12\x1b\n\x06job_id\x18\x01 \x01(\tB\x0b\xbaH\x08r\x03\xb0\x01\x01\xd8\x01\x01\x12)\n\x08workflow\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\rworkflow_name\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\x0cmax_attempts\x18\x05 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18\x64(\x00:\xad\x01\xbaH\xa9\x01\x1a\xa6\x01\n\x1csubmit.one_definition_source\x12Tname exactly one definition source: an inline `workflow` or a stored `workflow_name`\x1a\x30has(this.workflow) != (this.workflow_name != \'\')\"L\n\x16SubmitWorkflowResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.workflowjobs.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\")\n\rGetJobRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\"3\n\x0eGetJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.workflowjobs.v1.Job\"\x95\x01\n\x0fListJobsRequest\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32\x1b.workflowjobs.v1.Job.StatusB\x08\xbaH\x05\x82\x01\x02\x10\x01\x12\x1f\n\rworkflow_name\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12\x16\n\x05limit\x18\x03 \x01(\x05\x42\x07\xbaH\x04\x1a\x02(\x00\x12\x12\n\npage_token\x18\x04 \x01(\t\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.workflowjobs.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x13\x43ompleteStepRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12\x1a\n\tstep_name\x18\x02 \x01(\tB\x07\xbaH\x04r\x02\x10\x01\x12\x31\n\x08response\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01\"\xee\x01\n\x14\x43ompleteStepResponse\x12>\n\x07outcome\x18\x01 \x01(\x0e\x32-.workflowjobs.v1.CompleteStepResponse.Outcome\x12!\n\x03job\x18\x02 \x01(\x0b\x32\x14.workflowjobs.v1.Job\x12\x0f\n\x07message\x18\x03 \x01(\t\"b\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\x10\n\x0c\x41LREADY_DONE\x10\x02\x12\x0f\n\x0bWRONG_STATE\x10\x03\x12\x0c\n\x08REJECTED\x10\x04\"\xbc\x01\n\x0eStoredWorkflow\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\ndefinition\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07version\x18\x05 \x01(\x03\"G\n\x12PutWorkflowRequest\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01\"H\n\x13PutWorkflowResponse\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\".\n\x12GetWorkflowRequest\x12\x18\n\x04name\x18\x01 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\"H\n\x13GetWorkflowResponse\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\"\x16\n\x14ListWorkflowsRequest\"K\n\x15ListWorkflowsResponse\x12\x32\n\tworkflows\x18\x01 \x03(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\"*\n\tErrorBody\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19workflowjobs/v1/api.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\nCheckpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07skipped\x18\x02 \x01(\x08\x12)\n\x08response\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xbd\x07\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.workflowjobs.v1.Job.Status\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12-\n\trun_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10outstanding_step\x18\x07 \x01(\t\x12\x30\n\x0b\x63heckpoints\x18\x08 \x03(\x0b\x32\x1b.workflowjobs.v1.Checkpoint\x12&\n\x05input\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x06result\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07verdict\x18\x0b \x01(\t\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x13\n\x0blease_owner\x18\r \x01(\t\x12/\n\x0blease_until\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05owner\x18\x11 \x01(\t\x12\x14\n\x0cresumed_from\x18\x12 \x01(\t\x12\x12\n\nresumed_by\x18\x13 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0ereview_request\x18\x15 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x31\n\rstep_deadline\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x07history\x18\x18 \x03(\x0b\x32\x18.workflowjobs.v1.Attempt\"z\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0b\n\x07WAITING\x10\x03\x12\r\n\tCOMPLETED\x10\x04\x12\n\n\x06\x46\x41ILED\x10\x05\x12\x08\n\x04\x44\x45\x41\x44\x10\x06\x12\r\n\tCANCELLED\x10\x07\"\xca\x03\n\x07\x41ttempt\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12.\n\nclaimed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x07outcome\x18\x05 \x01(\x0e\x32 .workflowjobs.v1.Attempt.Outcome\x12\r\n\x05steps\x18\x06 \x03(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x13\n\x0b\x65rror_class\x18\x08 \x01(\t\x12/\n\x0bnext_run_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa8\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\n\n\x06PARKED\x10\x03\x12\x13\n\x0fRETRY_SCHEDULED\x10\x04\x12\x08\n\x04\x44\x45\x41\x44\x10\x05\x12\t\n\x05SWEPT\x10\x06\x12\x0f\n\x0bHANDED_BACK\x10\x07\x12\r\n\tCANCELLED\x10\x08\x12\x13\n\x0f\x44\x45\x41\x44LINE_PASSED\x10\t\"\x9d\x03\n\x15SubmitWorkflowRequest\x12\x1b\n\x06job_id\x18\x01 \x01(\tB\x0b\xbaH\x08r\x03\xb0\x01\x01\xd8\x01\x01\x12)\n\x08workflow\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\rworkflow_name\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\x0cmax_attempts\x18\x05 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18\x64(\x00\x12\"\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\x42\r\xbaH\n\"\x08\x18\x80\xd8\xc4\xbdu(\x00:\xad\x01\xbaH\xa9\x01\x1a\xa6\x01\n\x1csubmit.one_definition_source\x12Tname exactly one definition source: an inline `workflow` or a stored `workflow_name`\x1a\x30has(this.workflow) != (this.workflow_name != \'\')\"L\n\x16SubmitWorkflowResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.workflowjobs.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\")\n\rGetJobRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\"3\n\x0eGetJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.workflowjobs.v1.Job\"\x95\x01\n\x0fListJobsRequest\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32\x1b.workflowjobs.v1.Job.StatusB\x08\xbaH\x05\x82\x01\x02\x10\x01\x12\x1f\n\rworkflow_name\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12\x16\n\x05limit\x18\x03 \x01(\x05\x42\x07\xbaH\x04\x1a\x02(\x00\x12\x12\n\npage_token\x18\x04 \x01(\t\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.workflowjobs.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"~\n\x13\x43ompleteStepRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12\x1a\n\tstep_name\x18\x02 \x01(\tB\x07\xbaH\x04r\x02\x10\x01\x12\x31\n\x08response\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01\"\xee\x01\n\x14\x43ompleteStepResponse\x12>\n\x07outcome\x18\x01 \x01(\x0e\x32-.workflowjobs.v1.CompleteStepResponse.Outcome\x12!\n\x03job\x18\x02 \x01(\x0b\x32\x14.workflowjobs.v1.Job\x12\x0f\n\x07message\x18\x03 \x01(\t\"b\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\x10\n\x0c\x41LREADY_DONE\x10\x02\x12\x0f\n\x0bWRONG_STATE\x10\x03\x12\x0c\n\x08REJECTED\x10\x04\"\xbc\x01\n\x0eStoredWorkflow\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\ndefinition\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07version\x18\x05 \x01(\x03\"G\n\x12PutWorkflowRequest\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01\"H\n\x13PutWorkflowResponse\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\".\n\x12GetWorkflowRequest\x12\x18\n\x04name\x18\x01 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\"H\n\x13GetWorkflowResponse\x12\x31\n\x08workflow\x18\x01 \x01(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\"\x16\n\x14ListWorkflowsRequest\"K\n\x15ListWorkflowsResponse\x12\x32\n\tworkflows\x18\x01 \x03(\x0b\x32\x1f.workflowjobs.v1.StoredWorkflow\"*\n\tErrorBody\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITWORKFLOWREQUEST'].fields_by_name['workflow_name']._serialized_options = b'\272H\005r\003\030\310\001'
   _globals['_SUBMITWORKFLOWREQUEST'].fields_by_name['max_attempts']._loaded_options = None
   _globals['_SUBMITWORKFLOWREQUEST'].fields_by_name['max_attempts']._serialized_options = b'\272H\006\032\004\030d(\000'
+  _globals['_SUBMITWORKFLOWREQUEST'].fields_by_name['deadline_ms']._loaded_options = None
+  _globals['_SUBMITWORKFLOWREQUEST'].fields_by_name['deadline_ms']._serialized_options = b'\272H\n\"\010\030\200\330\304\275u(\000'
   _globals['_SUBMITWORKFLOWREQUEST']._loaded_options = None
   _globals['_SUBMITWORKFLOWREQUEST']._serialized_options = b'\272H\251\001\032\246\001\n\034submit.one_definition_source\022Tname exactly one definition source: an inline `workflow` or a stored `workflow_name`\0320has(this.workflow) != (this.workflow_name != \'\')'
   _globals['_GETJOBREQUEST'].fields_by_name['job_id']._loaded_options = None
@@ -63,41 +65,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKPOINT']._serialized_start=138
   _globals['_CHECKPOINT']._serialized_end=224
   _globals['_JOB']._serialized_start=227
-  _globals['_JOB']._serialized_end=881
-  _globals['_JOB_STATUS']._serialized_start=774
-  _globals['_JOB_STATUS']._serialized_end=881
-  _globals['_SUBMITWORKFLOWREQUEST']._serialized_start=884
-  _globals['_SUBMITWORKFLOWREQUEST']._serialized_end=1261
-  _globals['_SUBMITWORKFLOWRESPONSE']._serialized_start=1263
-  _globals['_SUBMITWORKFLOWRESPONSE']._serialized_end=1339
-  _globals['_GETJOBREQUEST']._serialized_start=1341
-  _globals['_GETJOBREQUEST']._serialized_end=1382
-  _globals['_GETJOBRESPONSE']._serialized_start=1384
-  _globals['_GETJOBRESPONSE']._serialized_end=1435
-  _globals['_LISTJOBSREQUEST']._serialized_start=1438
-  _globals['_LISTJOBSREQUEST']._serialized_end=1587
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1589
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1668
-  _globals['_COMPLETESTEPREQUEST']._serialized_start=1670
-  _globals['_COMPLETESTEPREQUEST']._serialized_end=1796
-  _globals['_COMPLETESTEPRESPONSE']._serialized_start=1799
-  _globals['_COMPLETESTEPRESPONSE']._serialized_end=2037
-  _globals['_COMPLETESTEPRESPONSE_OUTCOME']._serialized_start=1939
-  _globals['_COMPLETESTEPRESPONSE_OUTCOME']._serialized_end=2037
-  _globals['_STOREDWORKFLOW']._serialized_start=2040
-  _globals['_STOREDWORKFLOW']._serialized_end=2228
-  _globals['_PUTWORKFLOWREQUEST']._serialized_start=2230
-  _globals['_PUTWORKFLOWREQUEST']._serialized_end=2301
-  _globals['_PUTWORKFLOWRESPONSE']._serialized_start=2303
-  _globals['_PUTWORKFLOWRESPONSE']._serialized_end=2375
-  _globals['_GETWORKFLOWREQUEST']._serialized_start=2377
-  _globals['_GETWORKFLOWREQUEST']._serialized_end=2423
-  _globals['_GETWORKFLOWRESPONSE']._serialized_start=2425
-  _globals['_GETWORKFLOWRESPONSE']._serialized_end=2497
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=2499
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=2521
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=2523
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=2598
-  _globals['_ERRORBODY']._serialized_start=2600
-  _globals['_ERRORBODY']._serialized_end=2642
+  _globals['_JOB']._serialized_end=1184
+  _globals['_JOB_STATUS']._serialized_start=1062
+  _globals['_JOB_STATUS']._serialized_end=1184
+  _globals['_ATTEMPT']._serialized_start=1187
+  _globals['_ATTEMPT']._serialized_end=1645
+  _globals['_ATTEMPT_OUTCOME']._serialized_start=1477
+  _globals['_ATTEMPT_OUTCOME']._serialized_end=1645
+  _globals['_SUBMITWORKFLOWREQUEST']._serialized_start=1648
+  _globals['_SUBMITWORKFLOWREQUEST']._serialized_end=2061
+  _globals['_SUBMITWORKFLOWRESPONSE']._serialized_start=2063
+  _globals['_SUBMITWORKFLOWRESPONSE']._serialized_end=2139
+  _globals['_GETJOBREQUEST']._serialized_start=2141
+  _globals['_GETJOBREQUEST']._serialized_end=2182
+  _globals['_GETJOBRESPONSE']._serialized_start=2184
+  _globals['_GETJOBRESPONSE']._serialized_end=2235
+  _globals['_LISTJOBSREQUEST']._serialized_start=2238
+  _globals['_LISTJOBSREQUEST']._serialized_end=2387
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2389
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2468
+  _globals['_COMPLETESTEPREQUEST']._serialized_start=2470
+  _globals['_COMPLETESTEPREQUEST']._serialized_end=2596
+  _globals['_COMPLETESTEPRESPONSE']._serialized_start=2599
+  _globals['_COMPLETESTEPRESPONSE']._serialized_end=2837
+  _globals['_COMPLETESTEPRESPONSE_OUTCOME']._serialized_start=2739
+  _globals['_COMPLETESTEPRESPONSE_OUTCOME']._serialized_end=2837
+  _globals['_STOREDWORKFLOW']._serialized_start=2840
+  _globals['_STOREDWORKFLOW']._serialized_end=3028
+  _globals['_PUTWORKFLOWREQUEST']._serialized_start=3030
+  _globals['_PUTWORKFLOWREQUEST']._serialized_end=3101
+  _globals['_PUTWORKFLOWRESPONSE']._serialized_start=3103
+  _globals['_PUTWORKFLOWRESPONSE']._serialized_end=3175
+  _globals['_GETWORKFLOWREQUEST']._serialized_start=3177
+  _globals['_GETWORKFLOWREQUEST']._serialized_end=3223
+  _globals['_GETWORKFLOWRESPONSE']._serialized_start=3225
+  _globals['_GETWORKFLOWRESPONSE']._serialized_end=3297
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=3299
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=3321
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=3323
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=3398
+  _globals['_ERRORBODY']._serialized_start=3400
+  _globals['_ERRORBODY']._serialized_end=3442
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ class Checkpoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., skipped: _Optional[bool] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "workflow_name", "status", "attempt", "max_attempts", "run_after", "outstanding_step", "checkpoints", "input", "result", "verdict", "error", "lease_owner", "lease_until", "created_at", "updated_at", "owner")
+    __slots__ = ("job_id", "workflow_name", "status", "attempt", "max_attempts", "run_after", "outstanding_step", "checkpoints", "input", "result", "verdict", "error", "lease_owner", "lease_until", "created_at", "updated_at", "owner", "resumed_from", "resumed_by", "deadline", "review_request", "step_deadline", "cancel_requested_at", "history")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[Job.Status]
@@ -33,6 +33,7 @@ class Job(_message.Message):
         COMPLETED: _ClassVar[Job.Status]
         FAILED: _ClassVar[Job.Status]
         DEAD: _ClassVar[Job.Status]
+        CANCELLED: _ClassVar[Job.Status]
     STATUS_UNSPECIFIED: Job.Status
     QUEUED: Job.Status
     RUNNING: Job.Status
@@ -40,6 +41,7 @@ class Job(_message.Message):
     COMPLETED: Job.Status
     FAILED: Job.Status
     DEAD: Job.Status
+    CANCELLED: Job.Status
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,13 @@ class Job(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_BY_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    REVIEW_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    STEP_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow_name: str
     status: Job.Status
@@ -74,21 +83,74 @@ class Job(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     owner: str
-    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outstanding_step: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., error: _Optional[str] = ..., lease_owner: _Optional[str] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
+    resumed_from: str
+    resumed_by: str
+    deadline: _timestamp_pb2.Timestamp
+    review_request: _struct_pb2.Struct
+    step_deadline: _timestamp_pb2.Timestamp
+    cancel_requested_at: _timestamp_pb2.Timestamp
+    history: _containers.RepeatedCompositeFieldContainer[Attempt]
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outstanding_step: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., error: _Optional[str] = ..., lease_owner: _Optional[str] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., resumed_from: _Optional[str] = ..., resumed_by: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., review_request: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., step_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "worker", "claimed_at", "ended_at", "outcome", "steps", "error", "error_class", "next_run_at")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[Attempt.Outcome]
+        COMPLETED: _ClassVar[Attempt.Outcome]
+        FAILED: _ClassVar[Attempt.Outcome]
+        PARKED: _ClassVar[Attempt.Outcome]
+        RETRY_SCHEDULED: _ClassVar[Attempt.Outcome]
+        DEAD: _ClassVar[Attempt.Outcome]
+        SWEPT: _ClassVar[Attempt.Outcome]
+        HANDED_BACK: _ClassVar[Attempt.Outcome]
+        CANCELLED: _ClassVar[Attempt.Outcome]
+        DEADLINE_PASSED: _ClassVar[Attempt.Outcome]
+    OUTCOME_UNSPECIFIED: Attempt.Outcome
+    COMPLETED: Attempt.Outcome
+    FAILED: Attempt.Outcome
+    PARKED: Attempt.Outcome
+    RETRY_SCHEDULED: Attempt.Outcome
+    DEAD: Attempt.Outcome
+    SWEPT: Attempt.Outcome
+    HANDED_BACK: Attempt.Outcome
+    CANCELLED: Attempt.Outcome
+    DEADLINE_PASSED: Attempt.Outcome
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    worker: str
+    claimed_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    outcome: Attempt.Outcome
+    steps: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    error_class: str
+    next_run_at: _timestamp_pb2.Timestamp
+    def __init__(self, attempt: _Optional[int] = ..., worker: _Optional[str] = ..., claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[Attempt.Outcome, str]] = ..., steps: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., error_class: _Optional[str] = ..., next_run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitWorkflowRequest(_message.Message):
-    __slots__ = ("job_id", "workflow", "workflow_name", "input", "max_attempts")
+    __slots__ = ("job_id", "workflow", "workflow_name", "input", "max_attempts", "deadline_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow: _struct_pb2.Struct
     workflow_name: str
     input: _struct_pb2.Struct
     max_attempts: int
-    def __init__(self, job_id: _Optional[str] = ..., workflow: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., workflow_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+    deadline_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., workflow: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., workflow_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class SubmitWorkflowResponse(_message.Message):
     __slots__ = ("job", "created")

@@ -26,7 +26,7 @@ from schemas.gen.buf.validate import validate_pb2 as buf_dot_validate_dot_valida
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eworkflowjobs/v1/requests.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x96\x01\n\x12WorkflowRunRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12!\n\rworkflow_name\x18\x02 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1b\n\tprincipal\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eworkflowjobs/v1/requests.proto\x12\x0fworkflowjobs.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xba\x01\n\x12WorkflowRunRequest\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12!\n\rworkflow_name\x18\x02 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1b\n\tprincipal\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12\"\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\x42\r\xbaH\n\"\x08\x18\x80\xd8\xc4\xbdu(\x00\"\xb7\x01\n\x0eStepCompletion\x12\x18\n\x06job_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01\x12\x1d\n\tstep_name\x18\x02 \x01(\tB\n\xbaH\x07r\x05\x10\x01\x18\xc8\x01\x12\x31\n\x08response\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01\x12\x1b\n\tprincipal\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\x12\x1c\n\nrequest_id\x18\x05 \x01(\tB\x08\xbaH\x05r\x03\x18\xc8\x01\"\x9e\x02\n\x14StepCompletionResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tstep_name\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12>\n\x07outcome\x18\x04 \x01(\x0e\x32-.workflowjobs.v1.StepCompletionResult.Outcome\x12\x0f\n\x07message\x18\x05 \x01(\t\"~\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\x10\n\x0c\x41LREADY_DONE\x10\x02\x12\x0f\n\x0bWRONG_STATE\x10\x03\x12\x0c\n\x08REJECTED\x10\x04\x12\r\n\tNOT_FOUND\x10\x05\x12\x0b\n\x07INVALID\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['workflow_name']._serialized_options = b'\272H\007r\005\020\001\030\310\001'
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['principal']._loaded_options = None
   _globals['_WORKFLOWRUNREQUEST'].fields_by_name['principal']._serialized_options = b'\272H\005r\003\030\310\001'
+  _globals['_WORKFLOWRUNREQUEST'].fields_by_name['deadline_ms']._loaded_options = None
+  _globals['_WORKFLOWRUNREQUEST'].fields_by_name['deadline_ms']._serialized_options = b'\272H\n\"\010\030\200\330\304\275u(\000'
+  _globals['_STEPCOMPLETION'].fields_by_name['job_id']._loaded_options = None
+  _globals['_STEPCOMPLETION'].fields_by_name['job_id']._serialized_options = b'\272H\005r\003\260\001\001'
+  _globals['_STEPCOMPLETION'].fields_by_name['step_name']._loaded_options = None
+  _globals['_STEPCOMPLETION'].fields_by_name['step_name']._serialized_options = b'\272H\007r\005\020\001\030\310\001'
+  _globals['_STEPCOMPLETION'].fields_by_name['response']._loaded_options = None
+  _globals['_STEPCOMPLETION'].fields_by_name['response']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_STEPCOMPLETION'].fields_by_name['principal']._loaded_options = None
+  _globals['_STEPCOMPLETION'].fields_by_name['principal']._serialized_options = b'\272H\005r\003\030\310\001'
+  _globals['_STEPCOMPLETION'].fields_by_name['request_id']._loaded_options = None
+  _globals['_STEPCOMPLETION'].fields_by_name['request_id']._serialized_options = b'\272H\005r\003\030\310\001'
   _globals['_WORKFLOWRUNREQUEST']._serialized_start=111
-  _globals['_WORKFLOWRUNREQUEST']._serialized_end=261
+  _globals['_WORKFLOWRUNREQUEST']._serialized_end=297
+  _globals['_STEPCOMPLETION']._serialized_start=300
+  _globals['_STEPCOMPLETION']._serialized_end=483
+  _globals['_STEPCOMPLETIONRESULT']._serialized_start=486
+  _globals['_STEPCOMPLETIONRESULT']._serialized_end=772
+  _globals['_STEPCOMPLETIONRESULT_OUTCOME']._serialized_start=646
+  _globals['_STEPCOMPLETIONRESULT_OUTCOME']._serialized_end=772
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,4 @@
-"""The verbs that speak Kafka themselves: ``produce`` and ``events``.
+"""The verbs that speak Kafka themselves: ``produce``, ``produce-completion`` and ``events``.
 
 They read the worker's settings (``KAFKA_BOOTSTRAP_SERVERS``, the topics,
 ``WFJOBS_SCHEMA_REGISTRY_URL``, the ``WFJOBS_KAFKA_*`` security settings and the
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from cli.arguments import job_id_argument, json_object, uuid_argument
+from cli.arguments import job_id_argument, json_object, required, uuid_argument
 from cli.errors import CliError
 from cli.render import Output, print_event
-from schemas.contract import WorkflowRunRequest, check_incoming
+from schemas.contract import StepCompletion, WorkflowRunRequest, check_incoming
 from schemas.errors import WorkflowJobsError
 
 if TYPE_CHECKING:
@@ -71,40 +71,44 @@ def _client_config(settings: Settings) -> tuple[dict[str, Any], _Refusals]:
 
 
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
-    from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
-    from schemas.serde import encode_request
-
     settings = settings_from_env()
     request = WorkflowRunRequest(
         job_id=job_id_argument(args.job_id), workflow_name=args.workflow_name
     )
     request.input.update(json_object(args.input, "--input"))
     check_incoming(request)
-    try:
-        value = encode_request(
-            request,
-            registry=settings.open_registry(),
-            topic=settings.requests_topic,
-            auto_register=settings.schema_registry_auto_register,
+    value = _framed(settings, request, settings.requests_topic, "request")
+    _deliver(
+        settings,
+        settings.requests_topic,
+        key=request.job_id.encode(),
+        value=value,
+        timeout_s=args.timeout,
+        what="request",
+    )
+    if out.as_json:
+        out.json({"job_id": request.job_id, "topic": settings.requests_topic})
+    else:
+        out.print(
+            f"produced job [bold]{request.job_id}[/] to {escape(settings.requests_topic)}; "
+            f"follow it with `wfjobs get {request.job_id}`"
         )
-    except WorkflowJobsError:
-        raise
-    except Exception as exc:  # the registry client's transport and API errors alike
-        if not settings.schema_registry_url:
-            raise
-        raise CliError(
-            "UNAVAILABLE",
-            f"cannot frame the request with the schema registry at "
-            f"{settings.schema_registry_url}: {exc}",
-        ) from None
+    return 0
+
+
+def _deliver(
+    settings: Settings, topic: str, *, key: bytes, value: bytes, timeout_s: float, what: str
+) -> None:
+    """Produce one message and wait for the broker's acknowledgement, or say why not."""
+    from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
     client_config, refusals = _client_config(settings)
     producer = Producer(
         {
             **client_config,
             "enable.idempotence": True,
             "acks": "all",
-            "message.timeout.ms": int(args.timeout * 1000),
+            "message.timeout.ms": int(timeout_s * 1000),
             "message.max.bytes": PRODUCE_MAX_BYTES,
             **QUIET_CLIENT,
         }
@@ -115,39 +119,83 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
         reports.append(error)
 
     try:
-        producer.produce(
-            settings.requests_topic,
-            key=request.job_id.encode(),
-            value=value,
-            on_delivery=delivered,
-        )
+        producer.produce(topic, key=key, value=value, on_delivery=delivered)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             raise CliError(
                 "PAYLOAD_TOO_LARGE",
-                f"the request is {len(value)} bytes; a Kafka message may be at most "
+                f"the {what} is {len(value)} bytes; a Kafka message may be at most "
                 f"{PRODUCE_MAX_BYTES} bytes",
             ) from None
         reason = error.str() if isinstance(error, KafkaError) else str(exc)
-        raise CliError(
-            "UNAVAILABLE", f"cannot produce to {settings.requests_topic}: {reason}"
-        ) from None
-    deadline = time.monotonic() + args.timeout + 5
+        raise CliError("UNAVAILABLE", f"cannot produce to {topic}: {reason}") from None
+    deadline = time.monotonic() + timeout_s + 5
     while producer.flush(_WATCH_S) and time.monotonic() < deadline:
         refusals.check()
     refusals.check()
     if not reports or reports[0] is not None:
         reason = reports[0].str() if reports and reports[0] is not None else "no delivery report"
-        raise CliError(
-            "UNAVAILABLE", f"request not delivered to {settings.requests_topic}: {reason}"
+        raise CliError("UNAVAILABLE", f"{what} not delivered to {topic}: {reason}")
+
+
+def _framed(settings: Settings, message: Any, topic: str, what: str) -> bytes:
+    """``message`` as a value of ``topic``: framed through the registry when one is set."""
+    from schemas.serde import encode_message
+
+    try:
+        return encode_message(
+            message,
+            registry=settings.open_registry(),
+            topic=topic,
+            auto_register=settings.schema_registry_auto_register,
         )
+    except WorkflowJobsError:
+        raise
+    except Exception as exc:  # the registry client's transport and API errors alike
+        if not settings.schema_registry_url:
+            raise
+        raise CliError(
+            "UNAVAILABLE",
+            f"cannot frame the {what} with the schema registry at "
+            f"{settings.schema_registry_url}: {exc}",
+        ) from None
+
+
+def cmd_produce_completion(args: argparse.Namespace, out: Output) -> int:
+    """Complete a parked step through the completions topic, as a producer would."""
+    settings = settings_from_env()
+    completion = StepCompletion(
+        job_id=uuid_argument(args.job_id, "job id"),
+        step_name=required(args.step, "step"),
+        principal=args.principal or "",
+        request_id=args.request_id or str(uuid.uuid4()),
+    )
+    completion.response.update(json_object(args.response, "--response"))
+    check_incoming(completion)
+    value = _framed(settings, completion, settings.completions_topic, "completion")
+    _deliver(
+        settings,
+        settings.completions_topic,
+        key=completion.job_id.encode(),
+        value=value,
+        timeout_s=args.timeout,
+        what="completion",
+    )
     if out.as_json:
-        out.json({"job_id": request.job_id, "topic": settings.requests_topic})
+        out.json(
+            {
+                "job_id": completion.job_id,
+                "request_id": completion.request_id,
+                "topic": settings.completions_topic,
+            }
+        )
     else:
         out.print(
-            f"produced job [bold]{request.job_id}[/] to {escape(settings.requests_topic)}; "
-            f"follow it with `wfjobs get {request.job_id}`"
+            f"produced a completion of step {escape(completion.step_name)!r} of job "
+            f"[bold]{completion.job_id}[/] to {escape(settings.completions_topic)} (request id "
+            f"{escape(completion.request_id)}); the answer is published to "
+            f"{escape(settings.completion_results_topic)}"
         )
     return 0
 

@@ -27,10 +27,11 @@ from rich.markup import escape
 from cli.arguments import job_id_argument, json_object, required
 from cli.errors import CliError
 from cli.http import DEFAULT_URL, ApiClient, path_segment
-from cli.kafka import cmd_events, cmd_produce
+from cli.kafka import cmd_events, cmd_produce, cmd_produce_completion
 from cli.render import (
     Output,
     render_dead_letters,
+    render_explanation,
     render_failed_outbox,
     render_job,
     render_jobs,
@@ -118,6 +119,12 @@ def cmd_get(args: argparse.Namespace, out: Output) -> int:
     return _show(out, answer, lambda answer: render_job(out, answer.get("job", {})))
 
 
+def cmd_explain(args: argparse.Namespace, out: Output) -> int:
+    job_id = required(args.job_id, "JOB_ID")
+    answer = ApiClient(args.url).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}:explain")
+    return _show(out, answer, lambda answer: render_explanation(out, answer))
+
+
 def cmd_list(args: argparse.Namespace, out: Output) -> int:
     query = {
         "status": args.status,
@@ -150,6 +157,127 @@ def cmd_complete(args: argparse.Namespace, out: Output) -> int:
         )
     # The verb answered, but the step was not accepted: a script must notice.
     return 0 if answer.get("outcome") in ("COMPLETED", "ALREADY_DONE") else 1
+
+
+def cmd_resume(args: argparse.Namespace, out: Output) -> int:
+    """One ended job as a new run, or (with filter flags) every ended job they pick."""
+    bulk = bool(args.status or args.workflow or args.owner or args.created_before)
+    if args.job_id and bulk:
+        raise CliError(
+            "INVALID_ARGUMENT", "name a job id or filter flags for a bulk resume, not both"
+        )
+    if not args.job_id and not bulk:
+        raise CliError(
+            "INVALID_ARGUMENT",
+            "name a job id, or --status/--workflow/--owner/--created-before for a bulk resume",
+        )
+    options: dict[str, Any] = {}
+    if args.current_definition:
+        options["use_current_definition"] = True
+    if args.key:
+        options["request_key"] = args.key
+    client = ApiClient(args.url)
+    if args.job_id:
+        job_id = required(args.job_id, "JOB_ID")
+        if args.from_step:
+            options["from_step"] = args.from_step
+        if args.max_attempts:
+            options["max_attempts"] = args.max_attempts
+        answer = client.call("POST", f"/v1/workflow-runs/{path_segment(job_id)}:resume", options)
+
+        def render(answer: dict[str, Any]) -> None:
+            job = answer.get("job", {})
+            made = "resumed" if answer.get("created", False) else "was already resumed"
+            kept = len(job.get("checkpoints", []))
+            out.print(
+                f"job {escape(job_id)} {made} as job [bold]{escape(str(job.get('job_id', '')))}"
+                f"[/]: {status_markup(str(job.get('status', '')))}, {kept} checkpoint(s) kept"
+            )
+
+        return _show(out, answer, render)
+    if args.from_step or args.max_attempts:
+        raise CliError(
+            "INVALID_ARGUMENT", "--from-step and --max-attempts apply to one job, not a bulk resume"
+        )
+    body = {
+        **options,
+        "statuses": args.status or [],
+        "workflow_name": args.workflow or "",
+        "owner": args.owner or "",
+        "limit": args.limit,
+    }
+    if args.created_before:
+        body["created_before"] = args.created_before
+    answer = client.call("POST", "/v1/workflow-runs:resume", body)
+    if out.as_json:
+        out.json(answer)
+    else:
+        resumed, refused = answer.get("resumed", []), answer.get("refused", [])
+        out.print(f"resumed {len(resumed)} job(s)")
+        for job in resumed:
+            out.print(
+                f"  {escape(str(job.get('resumed_from', '')))} -> "
+                f"{escape(str(job.get('job_id', '')))}"
+            )
+        for refusal in refused:
+            out.print(
+                f"[yellow]not resumed[/] {escape(str(refusal.get('job_id', '')))}: "
+                f"{escape(str(refusal.get('code', '')))} {escape(str(refusal.get('message', '')))}"
+            )
+    # Some job was left as it was: a script must notice.
+    return 1 if answer.get("refused") else 0
+
+
+def cmd_cancel(args: argparse.Namespace, out: Output) -> int:
+    """One job, or (with filter flags) every live job they pick."""
+    bulk = bool(args.status or args.workflow or args.owner or args.created_before)
+    if args.job_id and bulk:
+        raise CliError(
+            "INVALID_ARGUMENT", "name a job id or filter flags for a bulk cancel, not both"
+        )
+    if not args.job_id and not bulk:
+        raise CliError(
+            "INVALID_ARGUMENT",
+            "name a job id, or --status/--workflow/--owner/--created-before for a bulk cancel",
+        )
+    reason = {"reason": args.reason} if args.reason else {}
+    client = ApiClient(args.url)
+    if args.job_id:
+        job_id = required(args.job_id, "JOB_ID")
+        answer = client.call("POST", f"/v1/workflow-runs/{path_segment(job_id)}:cancel", reason)
+
+        def render(answer: dict[str, Any]) -> None:
+            outcome = str(answer.get("outcome", ""))
+            job = answer.get("job", {})
+            style = "green" if outcome in ("CANCELLED", "CANCEL_REQUESTED") else "yellow"
+            out.print(
+                f"[{style}]{escape(outcome)}[/]: {escape(str(answer.get('message', '')))} "
+                f"(job is {status_markup(str(job.get('status', '')))})"
+            )
+
+        _show(out, answer, render)
+        # A job that had already finished was not cancelled: a script must notice.
+        return 1 if answer.get("outcome") == "ALREADY_FINISHED" else 0
+    body: dict[str, Any] = {
+        **reason,
+        "workflow_name": args.workflow or "",
+        "owner": args.owner or "",
+    }
+    if args.status:
+        body["status"] = args.status
+    if args.created_before:
+        body["created_before"] = args.created_before
+    answer = client.call("POST", "/v1/workflow-runs:cancel", body)
+    if out.as_json:
+        out.json(answer)
+        return 0
+    cancelled, requested = answer.get("cancelled", []), answer.get("cancel_requested", [])
+    out.print(f"cancelled {len(cancelled)} job(s); asked {len(requested)} running job(s) to stop")
+    for job_id in cancelled:
+        out.print(f"  {escape(str(job_id))} {status_markup('CANCELLED')}")
+    for job_id in requested:
+        out.print(f"  {escape(str(job_id))} [green]CANCEL_REQUESTED[/]")
+    return 0
 
 
 def cmd_outbox_list(args: argparse.Namespace, out: Output) -> int:
@@ -471,8 +599,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--job-id", help="a UUID, the idempotency key (default: a new one)")
     submit.add_argument("--max-attempts", type=int, default=0, help="0 uses the server default")
 
-    get = add("get", cmd_get, "show one job with its checkpoints")
+    get = add("get", cmd_get, "show one job with its checkpoints and attempt history")
     get.add_argument("job_id")
+
+    explain = add(
+        "explain", cmd_explain, "why a job is in its state, what happens next, what you can run"
+    )
+    explain.add_argument("job_id")
 
     listing = add("list", cmd_list, "list jobs, newest first")
     listing.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
@@ -485,6 +618,63 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("step")
     complete.add_argument(
         "--response", required=True, help="the step's response as a JSON object (or @file, -)"
+    )
+
+    resume = add(
+        "resume",
+        cmd_resume,
+        "resume a FAILED, DEAD or CANCELLED job as a new run linked to it (or, with filter "
+        "flags, every such job they pick that no run resumes yet)",
+    )
+    resume.add_argument("job_id", nargs="?", help="the ended job (leave out for a bulk resume)")
+    resume.add_argument(
+        "--from-step",
+        metavar="STEP",
+        help="keep only the checkpoints before STEP, so the run runs it again",
+    )
+    resume.add_argument(
+        "--current-definition",
+        action="store_true",
+        help="run the workflow's current stored definition instead of the job's snapshot",
+    )
+    resume.add_argument(
+        "--key", help="the request key: the same key resumes a job once (default: empty)"
+    )
+    resume.add_argument(
+        "--max-attempts", type=int, default=0, help="0 keeps the job's own max attempts"
+    )
+    resume.add_argument(
+        "--status",
+        action="append",
+        choices=("FAILED", "DEAD", "CANCELLED"),
+        help="bulk: only jobs in this status (repeatable; default all three)",
+    )
+    resume.add_argument("--workflow", help="bulk: only jobs of this workflow")
+    resume.add_argument("--owner", help="bulk: only jobs of this principal")
+    resume.add_argument(
+        "--created-before", metavar="TIME", help="bulk: only jobs created before this RFC 3339 time"
+    )
+    resume.add_argument(
+        "--limit", type=int, default=0, help="bulk: at most this many jobs (0: 100, at most 1000)"
+    )
+
+    cancel = add(
+        "cancel",
+        cmd_cancel,
+        "cancel a job: QUEUED or WAITING at once, RUNNING by its worker within a heartbeat "
+        "(or, with filter flags, every live job they pick)",
+    )
+    cancel.add_argument("job_id", nargs="?", help="the job (leave out for a bulk cancel)")
+    cancel.add_argument("--reason", help="why, kept on the job and its CANCELLED event")
+    cancel.add_argument(
+        "--status",
+        choices=("QUEUED", "RUNNING", "WAITING"),
+        help="bulk: only jobs in this status (default every live one)",
+    )
+    cancel.add_argument("--workflow", help="bulk: only jobs of this workflow")
+    cancel.add_argument("--owner", help="bulk: only jobs of this principal")
+    cancel.add_argument(
+        "--created-before", metavar="TIME", help="bulk: only jobs created before this RFC 3339 time"
     )
 
     outbox = commands.add_parser("outbox", help="FAILED outbox rows: list and redrive them")
@@ -527,6 +717,28 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--input", required=True, help="a JSON object (or @file, or -)")
     produce.add_argument("--job-id", help="a UUID (default: a new one)")
     produce.add_argument("--timeout", type=float, default=30.0, help="delivery timeout, seconds")
+
+    produce_completion = add(
+        "produce-completion",
+        cmd_produce_completion,
+        "complete a parked external step through the completions topic (a StepCompletion)",
+        http=False,
+    )
+    produce_completion.add_argument("job_id")
+    produce_completion.add_argument("step")
+    produce_completion.add_argument(
+        "--response", required=True, help="the step's response as a JSON object (or @file, -)"
+    )
+    produce_completion.add_argument(
+        "--principal",
+        help="who completes it (honoured only where WFJOBS_TRUST_REQUEST_PRINCIPAL is on)",
+    )
+    produce_completion.add_argument(
+        "--request-id", help="echoed on the StepCompletionResult (default: a new UUID)"
+    )
+    produce_completion.add_argument(
+        "--timeout", type=float, default=30.0, help="delivery timeout, seconds"
+    )
 
     events = add(
         "events",

@@ -21,6 +21,7 @@ STATUS_STYLES: Mapping[str, str] = {
     "COMPLETED": "green",
     "FAILED": "red",
     "DEAD": "bold red",
+    "CANCELLED": "magenta",
 }
 EVENT_STYLES: Mapping[str, str] = {
     "ACCEPTED": "cyan",
@@ -29,6 +30,8 @@ EVENT_STYLES: Mapping[str, str] = {
     "COMPLETED": "green",
     "FAILED": "red",
     "DEAD": "bold red",
+    "RETRY_SCHEDULED": "magenta",
+    "CANCELLED": "magenta",
 }
 
 _PIPED_WIDTH = 200
@@ -107,6 +110,63 @@ def render_job(out: Output, job: Mapping[str, Any]) -> None:
             response = "(skipped)" if entry.get("skipped") else compact(entry.get("response", {}))
             table.add_row(str(index), escape(str(entry.get("name", ""))), escape(response))
         out.console.print(table)
+    render_history(out, job.get("history") or [])
+
+
+def render_history(out: Output, history: Sequence[Mapping[str, Any]]) -> None:
+    """A job's attempts, oldest first: who held each, how it ended, and why."""
+    if not history:
+        return
+    table = Table(title="history", title_justify="left")
+    for column in ("attempt", "worker", "claimed", "ended", "outcome", "steps", "error"):
+        table.add_column(column, justify="right" if column == "attempt" else "left")
+    for entry in history:
+        error = str(entry.get("error", ""))
+        if error and entry.get("error_class"):
+            error = f"{error} ({entry['error_class']})"
+        if entry.get("next_run_at"):
+            error += f"; next run {entry['next_run_at']}"
+        table.add_row(
+            str(entry.get("attempt", 0)),
+            escape(str(entry.get("worker", ""))),
+            escape(str(entry.get("claimed_at", ""))),
+            escape(str(entry.get("ended_at", ""))),
+            escape(str(entry.get("outcome", ""))),
+            escape(", ".join(entry.get("steps") or [])),
+            escape(error),
+        )
+    out.console.print(table)
+
+
+def render_explanation(out: Output, answer: Mapping[str, Any]) -> None:
+    """``explain``: the sentences first, each with its evidence, then the commands."""
+    job_id, as_of = escape(str(answer.get("job_id", ""))), escape(str(answer.get("as_of", "")))
+    out.print(f"job {job_id} is {status_markup(str(answer.get('status', '')))} (as of {as_of})")
+    for title, key in (("Why", "why"), ("Next", "next")):
+        findings = answer.get(key) or []
+        if findings:
+            out.print(f"\n[bold]{title}[/]")
+            for finding in findings:
+                _print_finding(out, finding)
+    if answer.get("delivery"):
+        out.print("\n[bold]Events[/]")
+        _print_finding(out, answer["delivery"])
+    actions = answer.get("actions") or []
+    if actions:
+        out.print("\n[bold]You can run[/]")
+        for action in actions:
+            out.print(f"  {escape(str(action.get('description', '')))}")
+            out.print(f"    {escape(str(action.get('command', '')))}")
+            out.print(f"    {escape(str(action.get('http', '')))}")
+    render_history(out, answer.get("history") or [])
+
+
+def _print_finding(out: Output, finding: Mapping[str, Any]) -> None:
+    out.print(f"  {escape(str(finding.get('sentence', '')))}")
+    evidence = finding.get("evidence") or {}
+    if evidence:
+        facts = ", ".join(f"{name}={value}" for name, value in sorted(evidence.items()))
+        out.print(f"    [dim]evidence: {escape(facts)}[/]")
 
 
 def render_jobs(out: Output, jobs: Sequence[Mapping[str, Any]], next_page_token: str) -> None:

@@ -17,6 +17,8 @@ from schemas.gen.workflowjobs.v1 import api_pb2, events_pb2, requests_pb2
 
 WorkflowRunEvent = events_pb2.WorkflowRunEvent
 WorkflowRunRequest = requests_pb2.WorkflowRunRequest
+StepCompletion = requests_pb2.StepCompletion
+StepCompletionResult = requests_pb2.StepCompletionResult
 EventType = events_pb2.WorkflowRunEvent.Type
 
 _validator = protovalidate.Validator()
@@ -268,6 +270,8 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "MIN_EVENT_BYTES",
     "EventType",
+    "StepCompletion",
+    "StepCompletionResult",
     "WorkflowRunEvent",
     "WorkflowRunRequest",
     "api_pb2",

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 REQUESTS_TOPIC = "workflow-run-requests"
 EVENTS_TOPIC = "workflow-run-events"
+# StepCompletion messages in, their StepCompletionResult answers out.
+COMPLETIONS_TOPIC = "workflow-step-completions"
+COMPLETION_RESULTS_TOPIC = "workflow-step-completion-results"
 # Appended to the requests topic when no dead-letter topic is named.
 DLQ_SUFFIX = ".dlq"
 
@@ -33,6 +36,8 @@ def dlq_topic_for(requests_topic: str) -> str:
 
 __all__ = [
     "API_URL",
+    "COMPLETIONS_TOPIC",
+    "COMPLETION_RESULTS_TOPIC",
     "DEV_FOLDER",
     "DEV_TOKEN_FILE",
     "DLQ_SUFFIX",

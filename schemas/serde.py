@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -45,7 +45,13 @@ from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
 from schemas import defaults
 from schemas.consumer import consumer_message_class
-from schemas.contract import WorkflowRunEvent, WorkflowRunRequest, decode_event
+from schemas.contract import (
+    StepCompletion,
+    StepCompletionResult,
+    WorkflowRunEvent,
+    WorkflowRunRequest,
+    decode_event,
+)
 from schemas.errors import InvalidArgument, Unavailable
 
 MAGIC_BYTE = 0
@@ -81,6 +87,8 @@ def open_registry(
     conf: Mapping[str, Any] | None = None,
     events_topic: str = DEFAULT_EVENTS_TOPIC,
     requests_topic: str = DEFAULT_REQUESTS_TOPIC,
+    completions_topic: str = defaults.COMPLETIONS_TOPIC,
+    completion_results_topic: str = defaults.COMPLETION_RESULTS_TOPIC,
 ) -> SchemaRegistryClient:
     """A registry client for ``url``; ``mock://...`` gives confluent's in-process mock.
 
@@ -95,6 +103,8 @@ def open_registry(
         ProtobufFramer(WorkflowRunEvent, client, events_topic).prepare()
         AvroEventSerializer(client, events_topic).prepare()
         ProtobufFramer(WorkflowRunRequest, client, requests_topic).prepare()
+        ProtobufFramer(StepCompletion, client, completions_topic).prepare()
+        ProtobufFramer(StepCompletionResult, client, completion_results_topic).prepare()
     return client
 
 
@@ -408,6 +418,21 @@ def event_serializer(
     return ProtobufFramer(WorkflowRunEvent, registry, topic, auto_register=auto_register)
 
 
+def encode_message(
+    message: Message,
+    *,
+    registry: SchemaRegistryClient | None,
+    topic: str,
+    auto_register: bool = True,
+) -> bytes:
+    """Any contract message as a Kafka value of ``topic``: framed when a registry is
+    configured, plain Protobuf when none is."""
+    if registry is None:
+        return message.SerializeToString(deterministic=True)
+    framer = ProtobufFramer(type(message), registry, topic, auto_register=auto_register)
+    return framer.frame_message(message)
+
+
 def encode_request(
     request: WorkflowRunRequest,
     *,
@@ -548,6 +573,35 @@ class RequestDecoder:
         return request
 
 
+class MessageDecoder(Generic[M]):
+    """Decodes one topic's values, framed or plain, into ``message_type``."""
+
+    def __init__(
+        self,
+        message_type: type[M],
+        registry: SchemaRegistryClient | None = None,
+        *,
+        topic: str,
+    ) -> None:
+        self._type = message_type
+        self._topic = topic
+        self._protobuf = ProtobufDeserializer(message_type, dict(_SERDE_CONF), registry)
+
+    def decode(self, data: bytes | None, *, topic: str | None = None) -> M:
+        name = self._type.DESCRIPTOR.name
+        if data is None:
+            raise UndecodableMessage("empty value (tombstone)")
+        if not is_framed(data):
+            return _parse_plain(self._type, data)
+        try:
+            message = self._protobuf(data, _context(topic or self._topic))
+        except Exception as exc:
+            raise _decode_failure(name, exc) from None
+        if not isinstance(message, self._type):
+            raise UndecodableMessage(f"decoded {type(message).__name__}, not {name}")
+        return message
+
+
 def _parse_plain(message_type: type[M], data: bytes) -> M:
     message = message_type()
     try:
@@ -566,6 +620,7 @@ __all__ = [
     "AvroEventSerializer",
     "EventDecoder",
     "EventSerializer",
+    "MessageDecoder",
     "PlainProtobufSerializer",
     "ProtobufFramer",
     "RequestDecoder",
@@ -574,6 +629,7 @@ __all__ = [
     "avro_schema_text",
     "declare_compatibility",
     "encode_avro_body",
+    "encode_message",
     "encode_request",
     "event_serializer",
     "event_to_avro_record",

@@ -6,7 +6,7 @@ run them in ``store.runs``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -72,6 +72,10 @@ class Lease:
     workflow_name: str
     # The row's fencing token for this claim; unlike ``attempt`` it never repeats.
     token: int
+    # The database clock minus this process's, in seconds, as the claim read it
+    # (the row's claimed_at against the local time it arrived): a retry's next
+    # run time is counted on the database clock without asking it again.
+    clock_offset_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,20 @@ class SweepResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadlineSweep:
+    """What one deadline pass settled: FAILED for a whole-job deadline or a step
+    timeout, or requeued with the timed-out step's fallback as its response."""
+
+    job_deadlines: int = 0
+    step_timeouts: int = 0
+    fallbacks: int = 0
+
+
+# A parked step's declared fallback, if any: (definition snapshot, step name) -> response.
+FallbackLookup = Callable[[Mapping[str, Any], str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteStepResult:
     outcome: StepOutcome
     job: Job
@@ -168,6 +186,38 @@ class JobPage:
     jobs: tuple[JobSummary, ...]
     # Empty when there is no further page.
     next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One ended attempt of a job (``workflow_run_attempt``), as the history shows it."""
+
+    attempt: int
+    # The worker that held it; None only for an attempt no worker held.
+    worker: str | None
+    claimed_at: datetime | None
+    ended_at: datetime
+    # A ``store.history_sql.Outcome`` value.
+    outcome: str
+    # The steps checkpointed during the attempt, in order.
+    steps: tuple[str, ...]
+    error: str | None
+    # A ``store.history_sql.ErrorClass`` value, with ``error``.
+    error_class: str | None
+    # RETRY_SCHEDULED and SWEPT: when the job may be claimed again.
+    next_run_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxState:
+    """Where one job's events stand in the outbox."""
+
+    pending: int
+    failed: int
+    published: int
+    # The oldest event not yet published, and the last delivery error met.
+    oldest_unsent_at: datetime | None
+    last_error: str | None
 
 
 # ``RunStore.complete_step``'s gate: (definition snapshot, response) -> verdict.

@@ -14,6 +14,7 @@ is written.
 
 from __future__ import annotations
 
+from store.history_sql import ENDED_COLUMNS, Outcome, attempt_insert
 from store.states import Status, transition
 
 # --------------------------------------------------------------------------- pieces
@@ -113,10 +114,14 @@ REJECT = transition(Status.WAITING, Status.FAILED)
 
 # The fence every write a worker makes names: its lease. Fenced writes only ever
 # touch a RUNNING row, as the lease exists only there.
-_FENCE = (
+LEASE_FENCE = (
     f"job_id = %(job_id)s AND status = {_lit(Status.RUNNING)}"
     " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s AND lease_token = %(token)s"
 )
+# Once an operator asked to cancel the job, its worker may still renew the lease
+# (the renewal is how it learns of the request) and settle it CANCELLED
+# (store.control), but no checkpoint or other settle lands.
+_FENCE = f"{LEASE_FENCE} AND cancel_requested_at IS NULL"
 
 # --------------------------------------------------------------------------- submit
 
@@ -142,9 +147,10 @@ WITH snapshot_lock AS (
     ON CONFLICT (hash) DO NOTHING
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
-                              input, status, max_attempts, error, run_after, owner)
+                              input, status, max_attempts, error, run_after, owner, deadline_at)
     VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
-            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s)
+            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s,
+            now() + %(deadline_ms)s::bigint * interval '1 millisecond')
     ON CONFLICT (job_id) DO NOTHING
     RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
@@ -187,6 +193,8 @@ UPDATE workflow_run AS r
        lease_until = now() + %(lease_s)s * interval '1 second',
        attempt = r.attempt + 1,
        lease_token = r.lease_token + 1,
+       claimed_at = now(),
+       claimed_checkpoints = jsonb_array_length(r.checkpoints),
        updated_at = now()
   FROM picked
  WHERE r.job_id = picked.job_id
@@ -195,11 +203,12 @@ RETURNING {_job_columns("r")}, r.lease_token
 
 # --------------------------------------------------------------------------- fenced writes
 
+# Renewals answer with the cancel request, if any: the worker stops the segment.
 EXTEND_LEASE_SQL = f"""
 UPDATE workflow_run
    SET lease_until = now() + %(lease_s)s * interval '1 second', updated_at = now()
- WHERE {_FENCE}
-RETURNING lease_until
+ WHERE {LEASE_FENCE}
+RETURNING lease_until, cancel_requested_at
 """
 
 # A renewal that reports its segment's progress (see migration 0009). The
@@ -219,11 +228,11 @@ UPDATE workflow_run
        stall_at = {_RENEWED_PROGRESS_AT}
                   + (%(deadline_s)s + %(lease_s)s) * interval '1 second',
        updated_at = now()
- WHERE {_FENCE}
+ WHERE {LEASE_FENCE}
    AND NOT (progress_token IS NOT DISTINCT FROM %(token)s
             AND progress_mark IS NOT DISTINCT FROM %(mark)s
             AND stall_at <= now())
-RETURNING lease_until
+RETURNING lease_until, cancel_requested_at
 """
 
 # The entry is appended server-side: the array is never shipped back and forth.
@@ -244,9 +253,13 @@ PARK_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = {_lit(PARK[1])}, outstanding_step = %(step_name)s, lease_until = NULL,
+           review_request = %(review_request)s,
+           step_deadline_at = now() + %(timeout_ms)s::bigint * interval '1 millisecond',
            updated_at = now()
      WHERE {_FENCE}
-    RETURNING job_id
+    RETURNING {ENDED_COLUMNS}
+), ended AS (
+    {attempt_insert("changed", Outcome.PARKED, worker="%(worker_id)s")}
 )
 INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
 SELECT job_id, %(event_type)s, %(payload)s FROM changed
@@ -260,57 +273,89 @@ WITH changed AS (
            error = NULL, outstanding_step = NULL, lease_until = NULL,
            updated_at = now()
      WHERE {_FENCE}
-    RETURNING job_id
+    RETURNING {ENDED_COLUMNS}
+), ended AS (
+    {attempt_insert("changed", Outcome.COMPLETED, worker="%(worker_id)s")}
 )
 INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
 SELECT job_id, %(event_type)s, %(payload)s FROM changed
 RETURNING id
 """
 
+_FAILED_ENDS = attempt_insert(
+    "changed",
+    Outcome.FAILED,
+    worker="%(worker_id)s",
+    error="%(error)s",
+    error_class="%(error_class)s",
+)
 FAIL_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = {_lit(FAIL[1])}, verdict = %(verdict)s, error = %(error)s, lease_until = NULL,
            updated_at = now()
      WHERE {_FENCE}
-    RETURNING job_id
+    RETURNING {ENDED_COLUMNS}
+), ended AS (
+    {_FAILED_ENDS}
 )
 INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
 SELECT job_id, %(event_type)s, %(payload)s FROM changed
 RETURNING id
 """
 
-# Backoff and the decision between QUEUED and DEAD both read the row's own
-# attempt counters, under the row lock, against the database clock. The DEAD
-# event is prepared by the caller and only inserted when the row went DEAD.
+# The decision between QUEUED and DEAD reads the row's own attempt counters,
+# under the row lock. Both events are prepared by the caller, and the one that
+# matches the decision is inserted: RETRY_SCHEDULED carries the next run time,
+# so the caller names it (``next_run_at``: the backoff counted on the database
+# clock, see ``RunStore.retry_or_die``) and the row takes that same instant.
+_RETRY_OR_DIE_ENDS = attempt_insert(
+    "changed",
+    f"CASE WHEN changed.status = {_lit(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
+    f" ELSE '{Outcome.RETRY_SCHEDULED}' END",
+    worker="%(worker_id)s",
+    error="%(error)s",
+    error_class="%(error_class)s",
+    next_run_at=f"CASE WHEN changed.status = {_lit(RETRY[1])} THEN changed.run_after END",
+)
 RETRY_OR_DIE_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = CASE WHEN attempt < max_attempts
                          THEN {_lit(RETRY[1])} ELSE {_lit(GIVE_UP[1])} END,
            run_after = CASE WHEN attempt < max_attempts
-                            THEN now() + %(base_s)s * power(2, attempt - 1) * interval '1 second'
-                            ELSE run_after END,
+                            THEN %(next_run_at)s::timestamptz ELSE run_after END,
            lease_owner = CASE WHEN attempt < max_attempts THEN NULL ELSE lease_owner END,
            lease_until = NULL,
            error = %(error)s,
            updated_at = now()
      WHERE {_FENCE}
-    RETURNING job_id, status, attempt, max_attempts, run_after
+    RETURNING {ENDED_COLUMNS}, status, max_attempts, run_after
+), ended AS (
+    {_RETRY_OR_DIE_ENDS}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
-    SELECT job_id, %(event_type)s, %(payload)s FROM changed WHERE status = {_lit(GIVE_UP[1])}
+    SELECT job_id,
+           CASE WHEN status = {_lit(GIVE_UP[1])} THEN %(event_type)s ELSE %(retry_event_type)s END,
+           CASE WHEN status = {_lit(GIVE_UP[1])} THEN %(payload)s ELSE %(retry_payload)s END
+      FROM changed
 )
 SELECT status, attempt, max_attempts, run_after FROM changed
 """
 
 # No event: the attempt is given back and the job simply waits for a claim.
+# The history keeps it (HANDED_BACK), under the number it was claimed with.
 HAND_BACK_SQL = f"""
-UPDATE workflow_run
-   SET status = {_lit(RETRY[1])}, attempt = attempt - 1, run_after = now(),
-       lease_owner = NULL, lease_until = NULL, updated_at = now()
- WHERE {_FENCE}
-RETURNING job_id
+WITH changed AS (
+    UPDATE workflow_run
+       SET status = {_lit(RETRY[1])}, attempt = attempt - 1, run_after = now(),
+           lease_owner = NULL, lease_until = NULL, updated_at = now()
+     WHERE {_FENCE}
+    RETURNING job_id, attempt + 1 AS attempt, claimed_at, checkpoints, claimed_checkpoints
+), ended AS (
+    {attempt_insert("changed", Outcome.HANDED_BACK, worker="%(worker_id)s")}
+)
+SELECT job_id FROM changed
 """
 
 # --------------------------------------------------------------------------- sweeper
@@ -321,12 +366,14 @@ _SWEEP_NOW = "coalesce(%(now)s::timestamptz, now())"
 
 # RUNNING rows whose lease expired, or whose segment stalled: renewed, but
 # without progress past its deadline plus the lease. A stall only counts when
-# the current claim reported it (progress_token = lease_token).
+# the current claim reported it (progress_token = lease_token). A row an
+# operator asked to cancel is never requeued: the cancel sweep settles it
+# (store.control).
 SELECT_EXPIRED_SQL = f"""
 SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
        lease_until >= {_SWEEP_NOW} AS stalled
   FROM workflow_run
- WHERE status = {_lit(GIVE_UP[0])}
+ WHERE status = {_lit(GIVE_UP[0])} AND cancel_requested_at IS NULL
    AND (lease_until < {_SWEEP_NOW}
         OR (stall_at < {_SWEEP_NOW} AND progress_token = lease_token))
  ORDER BY lease_until
@@ -344,30 +391,69 @@ SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
 """
 
 # The attempt that expired stays counted: a worker still running it must
-# never match a later claim's lease.
+# never match a later claim's lease. Each requeue ends the attempt (SWEPT, in
+# the history) and publishes its RETRY_SCHEDULED event, whose next run time is
+# this transaction's now(): the caller read it in the same transaction.
+_SWEPT_ENDS = attempt_insert(
+    "changed",
+    Outcome.SWEPT,
+    worker="changed.worker",
+    error="changed.error",
+    error_class="changed.error_class",
+    next_run_at="now()",
+)
 SWEEP_REQUEUE_SQL = f"""
-UPDATE workflow_run AS r
-   SET status = {_lit(RETRY[1])}, run_after = now(), lease_owner = NULL, lease_until = NULL,
-       error = swept.error, updated_at = now()
-  FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[]) AS swept(job_id, error)
- WHERE r.job_id = swept.job_id AND r.status = {_lit(RETRY[0])}
+WITH swept AS (
+    SELECT * FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[], %(error_classes)s::text[],
+                         %(workers)s::text[], %(payloads)s::bytea[])
+        AS swept(job_id, error, error_class, worker, payload)
+), changed AS (
+    UPDATE workflow_run AS r
+       SET status = {_lit(RETRY[1])}, run_after = now(), lease_owner = NULL, lease_until = NULL,
+           error = swept.error, updated_at = now()
+      FROM swept
+     WHERE r.job_id = swept.job_id AND r.status = {_lit(RETRY[0])}
+    RETURNING r.job_id, r.attempt, r.claimed_at, r.checkpoints, r.claimed_checkpoints,
+              swept.error, swept.error_class, swept.worker, swept.payload
+), ended AS (
+    {_SWEPT_ENDS}
+)
+INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+SELECT job_id, %(event_type)s, payload FROM changed
 """
 
+# A RUNNING row's attempt ends here (DEAD, in the history); a QUEUED row whose
+# attempts were used up ends none, and the caller names no error class for it.
+_SWEPT_DEAD_ENDS = attempt_insert(
+    "changed",
+    Outcome.DEAD,
+    worker="changed.worker",
+    error="changed.error",
+    error_class="changed.error_class",
+    where="changed.error_class IS NOT NULL",
+)
 SWEEP_DEAD_SQL = f"""
 WITH swept AS (
-    SELECT * FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[], %(payloads)s::bytea[])
-        AS swept(job_id, error, payload)
+    SELECT * FROM unnest(%(job_ids)s::uuid[], %(errors)s::text[], %(payloads)s::bytea[],
+                         %(error_classes)s::text[], %(workers)s::text[])
+        AS swept(job_id, error, payload, error_class, worker)
 ), changed AS (
     UPDATE workflow_run AS r
        SET status = {_lit(GIVE_UP[1])}, lease_until = NULL, error = swept.error, updated_at = now()
       FROM swept
      WHERE r.job_id = swept.job_id AND r.status IN ({_lit(GIVE_UP[0])}, {_lit(EXHAUSTED[0])})
-    RETURNING r.job_id
+    RETURNING r.job_id, r.attempt, r.claimed_at, r.checkpoints, r.claimed_checkpoints,
+              swept.error, swept.error_class, swept.worker
+), ended AS (
+    {_SWEPT_DEAD_ENDS}
 )
 INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
 SELECT swept.job_id, %(event_type)s, swept.payload
   FROM swept JOIN changed USING (job_id)
 """
+
+# The sweeper's transaction's own clock: a requeue's next run time.
+TRANSACTION_NOW_SQL = "SELECT now()"
 
 # --------------------------------------------------------------------------- complete-step
 
@@ -382,7 +468,7 @@ WITH changed AS (
     UPDATE workflow_run
        SET status = {_lit(RESUME[1])},
            checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
-           outstanding_step = NULL, run_after = now(),
+           outstanding_step = NULL, step_deadline_at = NULL, run_after = now(),
            attempt = greatest(attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {_lit(RESUME[0])}

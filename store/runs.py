@@ -32,7 +32,7 @@ import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -51,12 +51,22 @@ from schemas.contract import (
     refuse_oversize,
 )
 from schemas.errors import InvalidArgument, LeaseLost, NotFound
+from store.deadline_sql import (
+    DEADLINE_FAIL_SQL,
+    SELECT_JOB_DEADLINES_SQL,
+    SELECT_STEP_DEADLINES_SQL,
+    STEP_FALLBACK_SQL,
+)
 from store.definitions import validate_workflow_name
 from store.errors import refused_value
+from store.history import HistoryStore
+from store.history_sql import ErrorClass
 from store.pool import Pool
 from store.records import (
     ClaimedJob,
     CompleteStepResult,
+    DeadlineSweep,
+    FallbackLookup,
     Job,
     JobPage,
     JobSummary,
@@ -90,6 +100,7 @@ from store.run_sql import (
     SUMMARY_COLUMNS,
     SWEEP_DEAD_SQL,
     SWEEP_REQUEUE_SQL,
+    TRANSACTION_NOW_SQL,
     list_jobs_sql,
 )
 from store.states import Status, parse_status
@@ -244,6 +255,12 @@ class RunStore:
         self.lease_s = lease_s
         self.max_event_bytes = max_event_bytes
         self._max_text_bytes = min(MAX_EVENT_TEXT_BYTES, max_event_bytes // 4)
+        self.history = HistoryStore(pool)
+
+    @property
+    def pool(self) -> Pool:
+        """The pool this store sends through, for the stores that share it."""
+        return self._pool
 
     # ----------------------------------------------------------------- event size
 
@@ -275,13 +292,15 @@ class RunStore:
         input: dict[str, Any],
         max_attempts: int | None = None,
         owner: str | None = None,
+        deadline_ms: int | None = None,
     ) -> SubmitResult:
         """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists.
 
         ``definition_hash`` must identify ``definition`` (the engine's
         ``definition_hash``): the snapshot is stored once under it, and a later
         job naming the same hash reads the snapshot stored first. ``owner`` is
-        the submitting principal; an existing job keeps its own.
+        the submitting principal; an existing job keeps its own. ``deadline_ms``
+        sets the whole-job deadline, counted from now on the database's clock.
         """
         validate_workflow_name(workflow_name)
         if not definition_hash:
@@ -320,6 +339,7 @@ class RunStore:
             event_type=_event_name(EventType.TYPE_ACCEPTED),
             payload=self._encode(event),
             owner=owner,
+            deadline_ms=deadline_ms or None,
         )
 
     async def submit_failed(
@@ -356,6 +376,7 @@ class RunStore:
         )
 
     async def _insert(self, **params: Any) -> SubmitResult:
+        params.setdefault("deadline_ms", None)
         async with self._pool.connection() as conn:
             for _ in range(3):
                 try:
@@ -394,6 +415,7 @@ class RunStore:
                 await conn.execute(CLAIM_PLANNER_SQL)
                 cursor = await conn.execute(CLAIM_SQL, params)
             rows = await cursor.fetchall()
+        arrived_at = _now()
         jobs = sorted(
             ((_job(row[:-1]), row[-1]) for row in rows),
             key=lambda pair: (pair[0].run_after, pair[0].created_at),
@@ -401,7 +423,14 @@ class RunStore:
         return [
             ClaimedJob(
                 job=job,
-                lease=Lease(job.job_id, worker_id, job.attempt, job.workflow_name, token),
+                lease=Lease(
+                    job.job_id,
+                    worker_id,
+                    job.attempt,
+                    job.workflow_name,
+                    token,
+                    clock_offset_s=_clock_offset_s(job.claimed_at, arrived_at),
+                ),
                 definition=job.definition or {},
             )
             for job, token in jobs
@@ -409,12 +438,17 @@ class RunStore:
 
     # ----------------------------------------------------------------- fenced writes
 
-    async def extend_lease(self, lease: Lease, progress: SegmentProgress | None = None) -> None:
+    async def extend_lease(
+        self, lease: Lease, progress: SegmentProgress | None = None
+    ) -> datetime | None:
         """Push ``lease_until`` to now + lease; LeaseLost if the lease is gone.
 
         With ``progress`` the renewal is for that segment: it records the
         segment's progress, and is refused (LeaseLost) once the segment went
         without progress for its deadline plus the lease.
+
+        Answers when an operator asked to cancel the job, or None: a worker
+        told so stops the segment and settles the job CANCELLED.
         """
         params: dict[str, Any] = {**_fence(lease), "lease_s": self.lease_s}
         statement = EXTEND_LEASE_SQL
@@ -427,8 +461,11 @@ class RunStore:
             )
         async with self._pool.connection() as conn:
             cursor = await conn.execute(statement, params)
-            if await cursor.fetchone() is None:
-                raise _lease_lost(lease, "extend its lease (gone, or its segment stalled)")
+            row = await cursor.fetchone()
+        if row is None:
+            raise _lease_lost(lease, "extend its lease (gone, or its segment stalled)")
+        cancel_requested_at: datetime | None = row[1]
+        return cancel_requested_at
 
     async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
         """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
@@ -448,10 +485,37 @@ class RunStore:
             f"checkpoint step {name!r}",
         )
 
-    async def park(self, lease: Lease, step_name: str) -> None:
-        """WAITING on the external step ``step_name``, with its WAITING event."""
-        event = _lease_event(lease, EventType.TYPE_WAITING, step_name=step_name)
-        await self._commit_point(PARK_SQL, lease, event, {"step_name": step_name}, "park")
+    async def park(
+        self,
+        lease: Lease,
+        step_name: str,
+        *,
+        request: Mapping[str, Any] | None = None,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """WAITING on the external step ``step_name``, with its WAITING event.
+
+        ``request`` is what the step's rules built for whoever completes it:
+        kept on the row and carried on the event. ``timeout_ms`` sets the
+        step's deadline, counted from now on the database's clock.
+        """
+        event = _lease_event(
+            lease,
+            EventType.TYPE_WAITING,
+            step_name=step_name,
+            review_request=request,
+        )
+        await self._commit_point(
+            PARK_SQL,
+            lease,
+            event,
+            {
+                "step_name": step_name,
+                "review_request": Jsonb(dict(request)) if request is not None else None,
+                "timeout_ms": timeout_ms,
+            },
+            "park",
+        )
 
     async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
         """COMPLETED with its verdict and result, with the COMPLETED event."""
@@ -473,23 +537,49 @@ class RunStore:
         error, verdict = self._event_text(error), self._event_text(verdict)
         message = error or verdict
         event = _lease_event(lease, EventType.TYPE_FAILED, verdict=verdict, error=message)
+        error_class = ErrorClass.NON_RETRYABLE if error else ErrorClass.VERDICT
         await self._commit_point(
-            FAIL_SQL, lease, event, {"verdict": verdict or None, "error": message}, "fail"
+            FAIL_SQL,
+            lease,
+            event,
+            {"verdict": verdict or None, "error": message, "error_class": error_class.value},
+            "fail",
         )
 
-    async def retry_or_die(self, lease: Lease, error: str) -> RetryOutcome:
-        """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim."""
+    async def retry_or_die(
+        self, lease: Lease, error: str, *, error_class: ErrorClass = ErrorClass.RETRYABLE
+    ) -> RetryOutcome:
+        """Requeue with backoff while attempts remain, else DEAD with ``error`` verbatim.
+
+        Either way the attempt joins the history with ``error_class``; a
+        requeue publishes RETRY_SCHEDULED with its next run time, DEAD its DEAD.
+        The backoff (``retry_base_s`` doubled per attempt spent) is counted
+        from now on the database clock, as the claim measured it against this
+        process's (``Lease.clock_offset_s``), so the row and the event name the
+        same instant.
+        """
         error = self._event_text(error)
         dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
+        next_run_at = (
+            _now()
+            + timedelta(seconds=lease.clock_offset_s)
+            + timedelta(seconds=self.retry_base_s * 2 ** max(lease.attempt - 1, 0))
+        )
+        retry_event = _lease_event(
+            lease, EventType.TYPE_RETRY_SCHEDULED, error=error, next_run_at=next_run_at
+        )
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
                 RETRY_OR_DIE_SQL,
                 {
                     **_fence(lease),
-                    "base_s": self.retry_base_s,
+                    "next_run_at": next_run_at,
                     "error": error,
+                    "error_class": error_class.value,
                     "event_type": _event_name(EventType.TYPE_DEAD),
                     "payload": self._encode(dead_event),
+                    "retry_event_type": _event_name(EventType.TYPE_RETRY_SCHEDULED),
+                    "retry_payload": self._encode(retry_event),
                 },
             )
             row = await cursor.fetchone()
@@ -501,7 +591,9 @@ class RunStore:
         )
 
     async def hand_back(self, lease: Lease) -> None:
-        """QUEUED now, the attempt given back, no event: for shutdown or a store failure."""
+        """QUEUED now, the attempt given back, no event: for shutdown or a store failure.
+
+        The history keeps the attempt, HANDED_BACK."""
         async with self._pool.connection() as conn:
             cursor = await conn.execute(HAND_BACK_SQL, _fence(lease))
             if await cursor.fetchone() is None:
@@ -547,9 +639,15 @@ class RunStore:
         """
         requeue_ids: list[UUID] = []
         requeue_errors: list[str] = []
+        # The history's side of each row: who held it, why it was taken.
+        requeue_classes: list[str] = []
+        requeue_workers: list[str | None] = []
+        requeue_events: list[tuple[str, int]] = []
         dead_ids: list[UUID] = []
         dead_errors: list[str] = []
         dead_payloads: list[bytes] = []
+        dead_classes: list[str | None] = []
+        dead_workers: list[str | None] = []
         stalled_count = 0
         async with self._pool.connection() as conn, conn.transaction():
             expired = await (
@@ -565,19 +663,25 @@ class RunStore:
                 *(row[:-1] for row in expired),
                 *exhausted,
             ):
+                error_class: str | None = None
                 if status == Status.RUNNING:
                     if job_id in stalled_ids:
                         error = (
                             f"segment made no progress for longer than its deadline plus the "
                             f"lease on attempt {attempt}/{max_attempts} (worker {owner})"
                         )
+                        error_class = ErrorClass.STALL.value
                     else:
                         error = (
                             f"lease expired on attempt {attempt}/{max_attempts} (worker {owner})"
                         )
+                        error_class = ErrorClass.LEASE.value
                     if attempt < max_attempts:
                         requeue_ids.append(job_id)
                         requeue_errors.append(error)
+                        requeue_classes.append(error_class)
+                        requeue_workers.append(owner)
+                        requeue_events.append((name, attempt))
                         continue
                 else:
                     error = f"attempts exhausted ({attempt}/{max_attempts}) while queued"
@@ -595,9 +699,37 @@ class RunStore:
                 dead_ids.append(job_id)
                 dead_errors.append(error)
                 dead_payloads.append(self._encode(event))
+                dead_classes.append(error_class)
+                dead_workers.append(owner)
             if requeue_ids:
+                # A requeued job may run again at once: at this transaction's now().
+                next_run_at = (await (await conn.execute(TRANSACTION_NOW_SQL)).fetchall())[0][0]
+                retry_payloads = [
+                    self._encode(
+                        build_event(
+                            job_id=job_id,
+                            event_type=EventType.TYPE_RETRY_SCHEDULED,
+                            workflow_name=name,
+                            attempt=attempt,
+                            occurred_at=occurred_at,
+                            error=error,
+                            next_run_at=next_run_at,
+                        )
+                    )
+                    for job_id, error, (name, attempt) in zip(
+                        requeue_ids, requeue_errors, requeue_events, strict=True
+                    )
+                ]
                 await conn.execute(
-                    SWEEP_REQUEUE_SQL, {"job_ids": requeue_ids, "errors": requeue_errors}
+                    SWEEP_REQUEUE_SQL,
+                    {
+                        "job_ids": requeue_ids,
+                        "errors": requeue_errors,
+                        "error_classes": requeue_classes,
+                        "workers": requeue_workers,
+                        "payloads": retry_payloads,
+                        "event_type": _event_name(EventType.TYPE_RETRY_SCHEDULED),
+                    },
                 )
             if dead_ids:
                 await conn.execute(
@@ -606,10 +738,126 @@ class RunStore:
                         "job_ids": dead_ids,
                         "errors": dead_errors,
                         "payloads": dead_payloads,
+                        "error_classes": dead_classes,
+                        "workers": dead_workers,
                         "event_type": _event_name(EventType.TYPE_DEAD),
                     },
                 )
         return SweepResult(requeued=len(requeue_ids), dead=len(dead_ids), stalled=stalled_count)
+
+    async def sweep_deadlines(
+        self,
+        *,
+        limit: int = 1000,
+        now: datetime | None = None,
+        fallback_of: FallbackLookup | None = None,
+    ) -> DeadlineSweep:
+        """FAIL live jobs past their whole-job deadline and WAITING jobs past their
+        step's timeout, or give a timed-out step its declared fallback.
+
+        Judged against the database's clock, or at ``now`` when given. A RUNNING
+        job fails even though a worker holds it: that worker's next fenced write
+        finds the lease gone. ``fallback_of`` tells a step's fallback from the
+        job's definition snapshot; without it every timed-out step fails its job.
+        """
+        failed_ids: list[UUID] = []
+        failed_was: list[str] = []
+        failed_errors: list[str] = []
+        failed_payloads: list[bytes] = []
+        fallback_ids: list[UUID] = []
+        fallback_entries: list[str] = []
+        fallback_payloads: list[bytes] = []
+        job_deadlines = step_timeouts = 0
+        params = {"limit": limit, "now": now}
+        async with self._pool.connection() as conn, conn.transaction():
+            occurred_at = _now()
+            for job_id, name, status, attempt, deadline_at, step in await (
+                await conn.execute(SELECT_JOB_DEADLINES_SQL, params)
+            ).fetchall():
+                where = f" while parked on step {step!r}" if status == Status.WAITING else ""
+                error = self._event_text(
+                    f"the job's deadline passed at {deadline_at.isoformat()} while it was "
+                    f"{status}{where} (attempt {attempt})"
+                )
+                event = build_event(
+                    job_id=job_id,
+                    event_type=EventType.TYPE_FAILED,
+                    workflow_name=name,
+                    attempt=attempt,
+                    occurred_at=occurred_at,
+                    error=error,
+                    deadline="job",
+                )
+                failed_ids.append(job_id)
+                failed_was.append(status)
+                failed_errors.append(error)
+                failed_payloads.append(self._encode(event))
+                job_deadlines += 1
+            passed = set(failed_ids)
+            for job_id, name, attempt, step_deadline_at, step, definition in await (
+                await conn.execute(SELECT_STEP_DEADLINES_SQL, params)
+            ).fetchall():
+                if job_id in passed:
+                    continue
+                fallback = fallback_of(definition or {}, step) if fallback_of else None
+                if fallback is not None:
+                    event = build_event(
+                        job_id=job_id,
+                        event_type=EventType.TYPE_STEP_CHECKPOINT,
+                        workflow_name=name,
+                        attempt=attempt,
+                        occurred_at=occurred_at,
+                        step_name=step,
+                        response=fallback,
+                    )
+                    entry = {"name": step, "skipped": False, "response": dict(fallback)}
+                    fallback_ids.append(job_id)
+                    fallback_entries.append(json.dumps(entry, separators=(",", ":")))
+                    fallback_payloads.append(self._encode(event))
+                    continue
+                error = self._event_text(
+                    f"step {step!r} was not completed before its timeout passed at "
+                    f"{step_deadline_at.isoformat()}"
+                )
+                event = build_event(
+                    job_id=job_id,
+                    event_type=EventType.TYPE_FAILED,
+                    workflow_name=name,
+                    attempt=attempt,
+                    occurred_at=occurred_at,
+                    step_name=step,
+                    error=error,
+                    deadline="step",
+                )
+                failed_ids.append(job_id)
+                failed_was.append(Status.WAITING.value)
+                failed_errors.append(error)
+                failed_payloads.append(self._encode(event))
+                step_timeouts += 1
+            if failed_ids:
+                await conn.execute(
+                    DEADLINE_FAIL_SQL,
+                    {
+                        "job_ids": failed_ids,
+                        "was": failed_was,
+                        "errors": failed_errors,
+                        "payloads": failed_payloads,
+                        "event_type": _event_name(EventType.TYPE_FAILED),
+                    },
+                )
+            if fallback_ids:
+                await conn.execute(
+                    STEP_FALLBACK_SQL,
+                    {
+                        "job_ids": fallback_ids,
+                        "entries": fallback_entries,
+                        "payloads": fallback_payloads,
+                        "event_type": _event_name(EventType.TYPE_STEP_CHECKPOINT),
+                    },
+                )
+        return DeadlineSweep(
+            job_deadlines=job_deadlines, step_timeouts=step_timeouts, fallbacks=len(fallback_ids)
+        )
 
     # ----------------------------------------------------------------- complete-step
 
@@ -757,6 +1005,13 @@ def _lease_event(lease: Lease, event_type: int, **fields: Any) -> WorkflowRunEve
         occurred_at=_now(),
         **fields,
     )
+
+
+def _clock_offset_s(database_time: datetime | None, local_time: datetime) -> float:
+    """The database clock minus this process's, from a time the database just stamped."""
+    if database_time is None:
+        return 0.0
+    return (database_time - local_time).total_seconds()
 
 
 def _fence(lease: Lease) -> dict[str, Any]:

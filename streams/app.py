@@ -6,8 +6,9 @@ import with its name. Roles switch the parts on:
 
 * ``api``    - the HTTP verbs on the Faust web server (``/healthz`` and
   ``/readyz`` are always on); no Kafka client;
-* ``worker`` - the request agent, the claim loops, the lease sweeper; Faust's
-  consumer and producer start once the broker answers (``streams.broker``);
+* ``worker`` - the request and completions agents, the claim loops, the lease
+  sweeper (leases and deadlines); Faust's consumer and producer start once the
+  broker answers (``streams.broker``);
 * ``relay``  - the outbox relay to the events topic, with its own producer.
 
 Any combination runs alone: Faust starts no Kafka client of its own at boot.
@@ -29,6 +30,7 @@ from typing import Any, NoReturn
 import faust
 
 from streams.broker import BootWithoutKafka, connect_kafka
+from streams.completions_agent import register_completions_agent
 from streams.http_errors import HANDLER_ARGS
 from streams.kafka_security import faust_credentials
 from streams.request_agent import register_request_agent
@@ -117,6 +119,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> faust.A
     register_views(app, HttpVerbs(runtime), verbs="api" in settings.roles)
     if "worker" in settings.roles:
         register_request_agent(app, runtime)
+        register_completions_agent(app, runtime)
         connect_kafka(app, runtime)
     return app
 

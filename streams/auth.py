@@ -10,7 +10,7 @@ scope              lets the token
 ``submit``         submit jobs; each job records the principal as its owner
 ``read``           get and list jobs; get and list stored definitions
 ``complete``       answer a job's parked external step
-``cancel``         cancel a job (reserved for the cancel verb)
+``cancel``         cancel a job, one or by filter
 ``admin``          store definitions; the operator verbs (outbox and
                    dead-letter listings and redrives)
 ``define-inline``  submit a job with an inline definition instead of a

@@ -25,6 +25,13 @@ job's fault: the job is handed back (requeued now, attempt given back), never
 failed. A value the database refuses on every try (a response holding U+0000,
 say) is the job's fault: handing it back would loop forever, so the job fails.
 
+Cancel: a renewal answers whether an operator asked to cancel the job. If so,
+the heartbeat cancels the segment's task (the running step: an in-process
+handler, or a gRPC call with its deadline) and the runner settles the job
+CANCELLED. From the request on the store refuses the segment's checkpoints and
+settles, so a step finishing at that moment writes nothing; the refusal sends
+the runner to the same CANCELLED settle.
+
 The heartbeat is never cancelled while it renews. A pool request cancelled
 just as the pool hands it a connection can swallow the cancellation (the
 renewal goes on, and on) or lose the connection; so the segment's end is an
@@ -68,7 +75,9 @@ from typing import Any
 import mode
 
 from schemas.errors import InvalidArgument, LeaseLost, UnstorableValue
+from store.control import ControlStore
 from store.errors import is_outage
+from store.history_sql import ErrorClass
 from store.records import ClaimedJob, Lease, SegmentProgress
 from store.runs import RunStore
 from streams.backoff import Backoff
@@ -118,6 +127,8 @@ class ClaimStats:
     stalled: int = 0
     # Jobs the watchdog found still held past the bound after their segment ended.
     held_past_bound: int = 0
+    # Jobs settled CANCELLED because an operator asked.
+    cancelled: int = 0
 
 
 @dataclass(eq=False)
@@ -137,6 +148,8 @@ class _Holding:
     ended_at: float | None = None
     stalled_at: float | None = None
     past_bound: bool = False
+    # A renewal answered that an operator asked to cancel the job.
+    cancel_requested: bool = False
 
     def progressed(self, now: float) -> None:
         self.mark += 1
@@ -189,6 +202,7 @@ class ClaimLoops(mode.Service):
             raise ValueError("worker_id must not be blank")
         super().__init__(**kwargs)
         self._runs = runs
+        self._control = ControlStore.beside(runs)
         self._worker_id = worker_id
         self._compile = compile
         self._registry = registry
@@ -409,15 +423,25 @@ class ClaimLoops(mode.Service):
                     # The heartbeat found the lease gone and stopped the segment.
                     self.stats.lease_lost += 1
                     return
+                if holding.cancel_requested:
+                    # The heartbeat read a cancel request and stopped the segment.
+                    if not await self._cancelled_instead(lease):
+                        self.stats.lease_lost += 1
+                    return
                 if holding.stalled_at is not None:
                     # The watchdog stopped a segment that made no progress.
                     self.stats.stalled += 1
-                    await self._settle_failure(lease, _stall_failure(holding))
+                    await self._settle_failure(
+                        lease, _stall_failure(holding), error_class=ErrorClass.STALL
+                    )
                     return
             # Shutdown ran out of grace: the next claim resumes from the checkpoints.
             await self._hand_back(lease, "shutdown")
             raise
         except LeaseLost as exc:
+            # A checkpoint refused: the lease is gone, or the job was asked to cancel.
+            if await self._cancelled_instead(lease):
+                return
             self.stats.lease_lost += 1
             log.info("job %s dropped: %s", job.job_id, exc)
             return
@@ -521,7 +545,9 @@ class ClaimLoops(mode.Service):
             if holding.ended.is_set() or holding.stalled_at is not None:
                 return
             try:
-                await self._runs.extend_lease(lease, holding.report(self._clock()))
+                cancel_requested_at = await self._runs.extend_lease(
+                    lease, holding.report(self._clock())
+                )
                 failures = 0
             except LeaseLost as exc:
                 if holding.ended.is_set():
@@ -542,6 +568,17 @@ class ClaimLoops(mode.Service):
                     failures,
                     exc,
                 )
+                continue
+            if cancel_requested_at is not None and not holding.ended.is_set():
+                log.info(
+                    "job %s: cancel requested at %s; stopping its segment",
+                    lease.job_id,
+                    cancel_requested_at.isoformat(),
+                )
+                holding.cancel_requested = True
+                if holding.segment is not None:
+                    holding.segment.cancel()
+                return
 
     async def _let_heartbeat_finish(self, beat: asyncio.Task[None], lease: Lease) -> None:
         """Wait for the heartbeat to notice the segment's end, at most ``heartbeat_s``."""
@@ -672,6 +709,8 @@ class ClaimLoops(mode.Service):
         try:
             yield
         except LeaseLost as exc:
+            if await self._cancelled_instead(lease):
+                return
             self.stats.lease_lost += 1
             log.info("job %s dropped at settle: %s", lease.job_id, exc)
         except UnstorableValue as exc:
@@ -693,16 +732,28 @@ class ClaimLoops(mode.Service):
                 await self._runs.complete(lease, result=outcome.result, verdict=outcome.verdict)
                 self.stats.completed += 1
             elif isinstance(outcome, Parked):
-                await self._runs.park(lease, outcome.step_name)
+                await self._runs.park(
+                    lease,
+                    outcome.step_name,
+                    request=outcome.request,
+                    timeout_ms=outcome.timeout_ms,
+                )
                 self.stats.parked += 1
             else:  # pragma: no cover - the runner has exactly two outcomes
                 raise TypeError(f"unknown segment outcome {outcome!r}")
 
-    async def _settle_failure(self, lease: Lease, failure: StepFailure) -> None:
+    async def _settle_failure(
+        self,
+        lease: Lease,
+        failure: StepFailure,
+        *,
+        error_class: ErrorClass = ErrorClass.RETRYABLE,
+    ) -> None:
+        """``error_class`` is what the history records for a retryable failure."""
         error = str(failure)
         async with self._settling(lease):
             if failure.kind is FailureKind.RETRYABLE:
-                outcome = await self._runs.retry_or_die(lease, error)
+                outcome = await self._runs.retry_or_die(lease, error, error_class=error_class)
                 if outcome.dead:
                     self.stats.dead += 1
                     log.warning(
@@ -765,7 +816,9 @@ class ClaimLoops(mode.Service):
             self.stats.handed_back += 1
             log.info("job %s handed back (%s)", lease.job_id, why)
         except LeaseLost:
-            self.stats.lease_lost += 1
+            # A job asked to cancel is not handed back: it ends here.
+            if not await self._cancelled_instead(lease):
+                self.stats.lease_lost += 1
         except Exception as exc:
             log.warning(
                 "job %s: hand-back failed (%s: %s); the sweeper will requeue it when the "
@@ -774,6 +827,29 @@ class ClaimLoops(mode.Service):
                 type(exc).__name__,
                 exc,
             )
+
+    async def _cancelled_instead(self, lease: Lease) -> bool:
+        """After a fenced write found no row: settle the job CANCELLED if an operator
+        asked to cancel it (and it is still this lease's). True when settled.
+
+        The other fenced writes refuse a job asked to cancel, so this is where
+        the cancel lands whatever the segment was doing when the request came.
+        """
+        try:
+            settled = await self._control.settle_cancelled(lease)
+        except Exception as exc:
+            log.warning(
+                "job %s: could not settle its cancel (%s: %s); the sweeper settles it once "
+                "the lease passes",
+                lease.job_id,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        if settled:
+            self.stats.cancelled += 1
+            log.info("job %s CANCELLED (attempt %d)", lease.job_id, lease.attempt)
+        return settled
 
 
 def _stall_failure(holding: _Holding) -> StepFailure:

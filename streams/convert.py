@@ -7,7 +7,7 @@ a JSON shape that could drift from the ``.proto``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from schemas.contract import api_pb2, integral_numbers, to_json
 if TYPE_CHECKING:
     # Types only: converting rows needs their shapes, not the store's driver.
     from store.definitions import StoredDefinition
-    from store.records import Job, JobSummary
+    from store.records import Attempt, Job, JobSummary
 
 JobMessage = api_pb2.Job
 
@@ -69,9 +69,27 @@ def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
     return message
 
 
-def job_message(job: Job) -> api_pb2.Job:
-    """The read-only ``Job`` view of one ``workflow_run`` row, payloads included."""
+def attempt_message(attempt: Attempt) -> api_pb2.Attempt:
+    """One history row as the ``Attempt`` message."""
+    message = api_pb2.Attempt(
+        attempt=attempt.attempt,
+        worker=attempt.worker or "",
+        outcome=api_pb2.Attempt.Outcome.Value(attempt.outcome),  # type: ignore[arg-type]
+        steps=attempt.steps,
+        error=attempt.error or "",
+        error_class=attempt.error_class or "",
+    )
+    _set_time(message.claimed_at, attempt.claimed_at)
+    _set_time(message.ended_at, attempt.ended_at)
+    _set_time(message.next_run_at, attempt.next_run_at)
+    return message
+
+
+def job_message(job: Job, history: Sequence[Attempt] = ()) -> api_pb2.Job:
+    """The read-only ``Job`` view of one ``workflow_run`` row, payloads included,
+    with ``history`` (its attempts, oldest first) where the caller read it."""
     message = job_summary_message(job)
+    message.history.extend(attempt_message(attempt) for attempt in history)
     for entry in job.checkpoints:
         checkpoint = message.checkpoints.add(
             name=str(entry.get("name", "")), skipped=bool(entry.get("skipped", False))
@@ -130,6 +148,7 @@ def message_json(message: Message) -> dict[str, Any]:
 
 
 __all__ = [
+    "attempt_message",
     "job_message",
     "job_summary_message",
     "message_json",

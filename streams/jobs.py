@@ -19,20 +19,45 @@ of another owner is answered exactly as a job that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from schemas.errors import AlreadyExists, EventTooLarge, InvalidArgument, NotFound, WrongState
+from schemas.errors import (
+    AlreadyExists,
+    EventTooLarge,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    WrongState,
+)
+from store.control import (
+    RESUMABLE,
+    BulkCancelResult,
+    CancelFilter,
+    CancelResult,
+    Resumed,
+    already_resumed,
+    check_reason,
+    not_resumable,
+    resume_job_id,
+)
 from store.definitions import StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
+from streams.explain import ExplainFacts
+from workflows.failures import StepFailure
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from store.dead_letters import FailedEventPage, Redriven
-    from store.records import CompleteStepResult, Job, JobPage
+    from store.records import Attempt, CompleteStepResult, Job, JobPage
     from streams.requests_dlq import (
         DeadLetteredRequest,
         DeadLetterListing,
@@ -57,6 +82,33 @@ class Submitted:
     refused: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ResumeRefusal:
+    """A job a bulk resume left alone, with the error a single resume would have raised."""
+
+    job_id: uuid.UUID
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumedMany:
+    """What a bulk resume did: the runs it made, and the jobs it refused."""
+
+    resumed: tuple[Resumed, ...]
+    refused: tuple[ResumeRefusal, ...]
+
+
+# A bulk resume takes this many jobs unless told otherwise, and never more than
+# MAX_BULK_RESUME in one call: each is its own transaction.
+DEFAULT_BULK_RESUME = 100
+MAX_BULK_RESUME = 1000
+
+
+# explain counts the claimable jobs ahead of a QUEUED one no further than this.
+EXPLAIN_AHEAD_LIMIT = 10_000
+
+
 class Jobs:
     """The verbs against one process's runtime (which may have no store)."""
 
@@ -77,6 +129,7 @@ class Jobs:
         record_refusals: bool = False,
         owner: str | None = None,
         owner_only: bool = False,
+        deadline_ms: int | None = None,
     ) -> Submitted:
         """Create the job, owned by ``owner``, or answer the one ``job_id`` already names.
 
@@ -90,7 +143,12 @@ class Jobs:
         raises, unless ``record_refusals``: then it becomes a FAILED job with
         the reason, for callers nobody waits on (the requests topic), so the
         producer can still look the job up by its id.
+
+        ``deadline_ms`` is the whole-job deadline, counted from now; without
+        one (None or 0) the definition's ``jobDeadlineMs`` applies, if any.
         """
+        if deadline_ms is not None and deadline_ms < 0:
+            raise InvalidArgument(f"deadline_ms must not be negative, got {deadline_ms}")
         with outages_as_unavailable():
             runs = self._runtime.require_runs()
             given_id = job_id
@@ -129,6 +187,7 @@ class Jobs:
                     input=normalized,
                     max_attempts=max_attempts or None,
                     owner=owner,
+                    deadline_ms=deadline_ms or compiled.job_deadline_ms,
                 )
             except EventTooLarge as exc:
                 # Refused the same way on every try, so recorded rather than retried.
@@ -157,6 +216,43 @@ class Jobs:
     async def get_job(self, job_id: uuid.UUID, *, owner: str | None = None) -> Job:
         with outages_as_unavailable():
             return _visible(await self._runtime.require_runs().get(job_id), owner)
+
+    async def get_job_with_history(
+        self, job_id: uuid.UUID, *, owner: str | None = None
+    ) -> tuple[Job, tuple[Attempt, ...]]:
+        """The job and its ended attempts, oldest first."""
+        with outages_as_unavailable():
+            runs = self._runtime.require_runs()
+            job = _visible(await runs.get(job_id), owner)
+            return job, await runs.history.attempts(job.job_id)
+
+    async def explain(self, job_id: uuid.UUID, *, owner: str | None = None) -> ExplainFacts:
+        """What ``streams.explain`` needs to say why the job is where it is."""
+        settings = self._runtime.settings
+        with outages_as_unavailable():
+            runs = self._runtime.require_runs()
+            job = _visible(await runs.get(job_id), owner)
+            history = await runs.history.attempts(job.job_id)
+            outbox = await runs.history.outbox_state(job.job_id)
+            queued = job.status == Status.QUEUED
+            now, ahead = await runs.history.queue_position(
+                run_after=job.run_after,
+                created_at=job.created_at,
+                limit=EXPLAIN_AHEAD_LIMIT if queued else 0,
+            )
+            cap = settings.max_queued_jobs
+            depth = await runs.count_queued(limit=cap) if cap > 0 else 0
+        return ExplainFacts(
+            job=job,
+            history=history,
+            outbox=outbox,
+            now=now,
+            queued_ahead=ahead if queued else None,
+            ahead_limit=EXPLAIN_AHEAD_LIMIT,
+            admission_cap=cap,
+            queue_depth=depth,
+            sweep_interval_s=settings.sweep_interval_s,
+        )
 
     async def list_jobs(
         self,
@@ -217,6 +313,205 @@ class Jobs:
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)
         return result
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(
+        self, *, job_id: uuid.UUID, reason: str = "", owner: str | None = None
+    ) -> CancelResult:
+        """Cancel one job: at once when QUEUED or WAITING, by its worker when RUNNING.
+
+        A finished job is answered as it is (ALREADY_CANCELLED, ALREADY_FINISHED).
+        """
+        check_reason(reason)
+        with outages_as_unavailable():
+            return await self._runtime.require_control().cancel(job_id, reason=reason, owner=owner)
+
+    async def cancel_many(
+        self,
+        *,
+        status: str = "",
+        workflow_name: str = "",
+        owner_filter: str = "",
+        created_before: datetime | None = None,
+        reason: str = "",
+        owner: str | None = None,
+    ) -> BulkCancelResult:
+        """Cancel every live job matching all the conditions given (at least one).
+
+        ``owner_filter`` picks one principal's jobs; ``owner`` is the caller's
+        reach, as for every verb: a caller limited to its own jobs who names
+        another principal reaches nothing.
+        """
+        if owner is not None and owner_filter and owner_filter != owner:
+            return BulkCancelResult((), ())
+        which = CancelFilter(
+            status=status,
+            workflow_name=workflow_name,
+            owner=owner if owner is not None else (owner_filter or None),
+            created_before=created_before,
+        )
+        if not (status or workflow_name or owner_filter or created_before is not None):
+            # The caller's own reach is not a condition they chose: a bulk
+            # cancel with none would stop everything they can see.
+            raise InvalidArgument(
+                "a bulk cancel needs at least one of status, workflow_name, owner, created_before"
+            )
+        with outages_as_unavailable():
+            return await self._runtime.require_control().cancel_many(which, reason=reason)
+
+    # ------------------------------------------------------------------ resume
+
+    async def resume(
+        self,
+        *,
+        job_id: uuid.UUID,
+        principal: str,
+        owner: str | None = None,
+        from_step: str = "",
+        use_current_definition: bool = False,
+        request_key: str = "",
+        max_attempts: int | None = None,
+    ) -> Resumed:
+        """Resume the FAILED, DEAD or CANCELLED job ``job_id`` as a new run, linked both ways.
+
+        The run is owned by ``principal`` (the caller) and takes the job's input
+        and checkpoints: all of them, or with ``from_step`` only those before
+        that step, so it runs again from there. It keeps the job's definition
+        snapshot, or with ``use_current_definition`` takes the stored definition
+        of the job's workflow, which the kept checkpoints must still fit (step
+        names in order, responses that parse). Its id is derived from the job's
+        and ``request_key``: the same resume sent again answers the same run,
+        ``created`` false. ``owner``: whose jobs the caller reaches (None: all).
+        """
+        with outages_as_unavailable():
+            runs = self._runtime.require_runs()
+            original = _visible(await runs.get(job_id), owner)
+            new_id = resume_job_id(original.job_id, request_key)
+            if original.resumed_by == new_id:
+                return Resumed(await runs.get(new_id), created=False)
+            if original.resumed_by is not None:
+                raise already_resumed(original.job_id, original.resumed_by)
+            if original.status not in RESUMABLE:
+                raise not_resumable(original.job_id, original.status)
+            if use_current_definition:
+                definition = await self._current_definition(original)
+                compiled = await self._runtime.compile_submitted(definition)
+            elif original.definition is None:
+                raise FailedPrecondition(
+                    f"job {original.job_id} was refused at submit and has no definition "
+                    "snapshot to resume with; resume it with the current stored definition "
+                    "(use_current_definition)"
+                )
+            else:
+                definition = original.definition
+                compiled = self._runtime.compile(definition, original.definition_hash)
+            keep = len(original.checkpoints)
+            if from_step:
+                try:
+                    step = compiled.step(from_step)
+                except InvalidArgument:
+                    steps = ", ".join(step.name for step in compiled.steps)
+                    raise InvalidArgument(
+                        f"from_step: workflow {compiled.name!r} has no step {from_step!r}; "
+                        f"its steps are {steps}"
+                    ) from None
+                keep = min(keep, step.index)
+            if use_current_definition:
+                await _replay_fits(compiled, original, keep)
+            # A resumed run joins the backlog like any new job.
+            await self._runtime.admit(None)
+            resumed = await self._runtime.require_control().resume(
+                original=original,
+                job_id=new_id,
+                owner=principal,
+                keep=keep,
+                definition=definition,
+                definition_hash=compiled.definition_hash,
+                new_definition=use_current_definition,
+                max_attempts=max_attempts or None,
+            )
+        if resumed.created:
+            self._runtime.admission.admitted()
+            log.info(
+                "job %s resumed as job %s by %s (%d of %d checkpoints kept)",
+                original.job_id,
+                new_id,
+                principal,
+                keep,
+                len(original.checkpoints),
+            )
+        return resumed
+
+    async def _current_definition(self, original: Job) -> dict[str, Any]:
+        try:
+            stored = await self._runtime.require_definitions().get(original.workflow_name)
+        except NotFound:
+            raise FailedPrecondition(
+                f"use_current_definition: workflow {original.workflow_name!r} of job "
+                f"{original.job_id} has no stored definition; resume it with its own snapshot"
+            ) from None
+        return stored.definition
+
+    async def resume_many(
+        self,
+        *,
+        principal: str,
+        owner: str | None = None,
+        statuses: Sequence[str] = (),
+        workflow_name: str = "",
+        job_owner: str = "",
+        created_before: datetime | None = None,
+        use_current_definition: bool = False,
+        request_key: str = "",
+        limit: int = 0,
+    ) -> ResumedMany:
+        """Resume every ended job a filter picks that nothing resumes yet, oldest first.
+
+        ``statuses`` (FAILED, DEAD, CANCELLED; none: all three), ``workflow_name``,
+        ``job_owner`` and ``created_before`` narrow it; at most ``limit`` jobs
+        (0: 100, at most 1000) a call. Each job is resumed as ``resume`` would
+        (its whole checkpoint list kept); one that cannot be is reported in
+        ``refused`` and the rest go on. ``owner``: whose jobs the caller reaches
+        (None: all); naming another owner needs a fleet-wide token.
+        """
+        if limit < 0 or limit > MAX_BULK_RESUME:
+            raise InvalidArgument(f"limit must be within 0..{MAX_BULK_RESUME}, got {limit}")
+        if workflow_name:
+            validate_workflow_name(workflow_name)
+        chosen = [Status(parse_resumable(status)) for status in statuses]
+        if owner is not None and job_owner and job_owner != owner:
+            raise PermissionDenied(
+                f"owner: only a token with the 'fleet' scope resumes the jobs of {job_owner!r}"
+            )
+        with outages_as_unavailable():
+            candidates = await self._runtime.require_control().resumable(
+                statuses=chosen,
+                workflow_name=workflow_name or None,
+                owner=owner if owner is not None else (job_owner or None),
+                created_before=created_before,
+                limit=limit or DEFAULT_BULK_RESUME,
+            )
+        resumed: list[Resumed] = []
+        refused: list[ResumeRefusal] = []
+        for candidate in candidates:
+            try:
+                resumed.append(
+                    await self.resume(
+                        job_id=candidate,
+                        principal=principal,
+                        owner=owner,
+                        use_current_definition=use_current_definition,
+                        request_key=request_key,
+                    )
+                )
+            except ResourceExhausted as exc:
+                # The backlog is full: the rest would be refused the same way.
+                refused.append(ResumeRefusal(candidate, exc.code, exc.message))
+                break
+            except (InvalidArgument, FailedPrecondition, NotFound, AlreadyExists) as exc:
+                refused.append(ResumeRefusal(candidate, exc.code, exc.message))
+        return ResumedMany(tuple(resumed), tuple(refused))
 
     # ------------------------------------------------------------------ stored workflows
 
@@ -311,6 +606,26 @@ class Jobs:
         return await self._dead_lettered_requests().redrive(positions)
 
 
+def parse_resumable(status: str) -> str:
+    """A status filter of a bulk resume: FAILED, DEAD or CANCELLED."""
+    if status not in {resumable.value for resumable in RESUMABLE}:
+        raise InvalidArgument(
+            f"statuses: only FAILED, DEAD or CANCELLED jobs can be resumed, got {status!r}"
+        )
+    return status
+
+
+async def _replay_fits(compiled: Any, original: Job, keep: int) -> None:
+    """Refuse a resume whose kept checkpoints the new definition cannot replay."""
+    try:
+        await asyncio.to_thread(compiled.replay, original.input, original.checkpoints[:keep])
+    except StepFailure as failure:
+        raise InvalidArgument(
+            f"use_current_definition: the checkpoints of job {original.job_id} do not fit the "
+            f"current definition of workflow {compiled.name!r}: {failure}"
+        ) from None
+
+
 def _visible(job: Job, owner: str | None) -> Job:
     """``job``, unless ``owner`` may not see it: then, as for no job, ``NotFound``."""
     if owner is not None and job.owner != owner:
@@ -327,4 +642,4 @@ def _owned_by(job: Job, owner: str | None, owner_only: bool) -> Job:
     return job
 
 
-__all__ = ["Jobs", "Submitted"]
+__all__ = ["Jobs", "ResumeRefusal", "ResumedMany", "Submitted"]

@@ -354,8 +354,18 @@ def openapi_document() -> dict[str, Any]:
         "/v1/workflow-runs/{job_id}": {
             "get": _operation(
                 "getJob",
-                "One job, whole",
+                "One job, whole, with its attempt history",
                 {"200": _answer(message("GetJobResponse"), "the job")},
+                errors=("400", "503"),
+                parameters=[_path("job_id", _UUID, "the job's id")],
+                scope="read",
+            ),
+        },
+        "/v1/workflow-runs/{job_id}:explain": {
+            "get": _operation(
+                "explainJob",
+                "Why the job is in its state, what happens next, what an operator can run",
+                {"200": _answer(message("ExplainJobResponse"), "the explanation")},
                 errors=("400", "503"),
                 parameters=[_path("job_id", _UUID, "the job's id")],
                 scope="read",
@@ -380,6 +390,66 @@ def openapi_document() -> dict[str, Any]:
                     "the step's response; job_id and step_name may be left out",
                 ),
                 scope="complete",
+            ),
+        },
+        "/v1/workflow-runs/{job_id}:resume": {
+            "post": _operation(
+                "resumeJob",
+                "Resume a FAILED, DEAD or CANCELLED job as a new run linked to it",
+                {
+                    "200": _answer(
+                        message("ResumeJobResponse"), "this request key had resumed it already"
+                    ),
+                    "201": _answer(message("ResumeJobResponse"), "the new run was created"),
+                },
+                errors=("409", "429", "503"),
+                parameters=[_path("job_id", _UUID, "the ended job's id")],
+                body=_json_body(
+                    message("ResumeJobRequest"),
+                    "from_step, use_current_definition, request_key, max_attempts (all "
+                    "optional: {} resumes with every checkpoint and the job's snapshot)",
+                ),
+                scope="submit",
+            ),
+        },
+        "/v1/workflow-runs:resume": {
+            "post": _operation(
+                "resumeJobs",
+                "Resume every ended job a filter picks that no run resumes yet",
+                {"200": _answer(message("ResumeJobsResponse"), "the new runs and the refusals")},
+                errors=("503",),
+                body=_json_body(message("ResumeJobsRequest"), "the filter"),
+                scope="submit",
+            ),
+        },
+        "/v1/workflow-runs/{job_id}:cancel": {
+            "post": _operation(
+                "cancelJob",
+                "Cancel a job: QUEUED or WAITING at once, RUNNING by its worker within a "
+                "heartbeat; a finished job is answered as it is",
+                {
+                    "200": _answer(
+                        message("CancelJobResponse"),
+                        "CANCELLED, CANCEL_REQUESTED, ALREADY_CANCELLED or ALREADY_FINISHED",
+                    )
+                },
+                errors=("503",),
+                parameters=[_path("job_id", _UUID, "the job's id")],
+                body={
+                    **_json_body(message("CancelJobRequest"), 'optional: {"reason": ...}'),
+                    "required": False,
+                },
+                scope="cancel",
+            ),
+        },
+        "/v1/workflow-runs:cancel": {
+            "post": _operation(
+                "cancelJobs",
+                "Cancel every live job matching all the conditions given (at least one)",
+                {"200": _answer(message("CancelJobsResponse"), "the jobs cancelled or asked")},
+                errors=("503",),
+                body=_json_body(message("CancelJobsRequest"), "the filter and a reason"),
+                scope="cancel",
             ),
         },
         "/v1/workflows": {

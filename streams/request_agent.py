@@ -130,6 +130,7 @@ class RequestHandler:
             workflow_name=request.workflow_name,
             record_refusals=True,
             owner=self.owner_of(request),
+            deadline_ms=request.deadline_ms or None,
         )
         kind: OutcomeKind = "failed" if submitted.refused else "submitted"
         if not submitted.created:

@@ -26,9 +26,16 @@ from uuid import UUID
 
 import mode
 
-from schemas.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from schemas.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from schemas.verdicts import StepVerdict
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
 from store.migrate import migrate
@@ -98,6 +105,7 @@ class Runtime(mode.Service):
         self.tokens: TokenStore | None = None
         self.outbox: Outbox | None = None
         self.dead_letters: OutboxDeadLetters | None = None
+        self.control: ControlStore | None = None
         self.listener: Listener | None = None
         self.claims: ClaimLoops | None = None
         self.sweeper: Sweeper | None = None
@@ -162,13 +170,16 @@ class Runtime(mode.Service):
         self.tokens = TokenStore(pool)
         self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
         self.dead_letters = OutboxDeadLetters(pool)
+        self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         if "relay" in settings.roles:
             channels.append(OUTBOX_CHANNEL)
         if channels:
             self.listener = Listener(settings.database_url, *channels)
-        if "worker" in settings.roles:
+        # No claim loops: a paused worker still sweeps (leases and deadlines)
+        # and consumes the request and completion topics, but runs no job.
+        if "worker" in settings.roles and settings.claim_loops > 0:
             assert self.listener is not None
             self.claims = ClaimLoops(
                 self.runs,
@@ -184,7 +195,10 @@ class Runtime(mode.Service):
                 wake=self.listener.subscribe(JOBS_QUEUED_CHANNEL),
                 grace_s=settings.shutdown_grace_s,
             )
-            self.sweeper = Sweeper(self.runs, interval_s=settings.sweep_interval_s)
+        if "worker" in settings.roles:
+            self.sweeper = Sweeper(
+                self.runs, interval_s=settings.sweep_interval_s, fallback_of=self.step_fallback
+            )
             self.retention = RetentionLoop(
                 RetentionStore(
                     pool, batch=settings.retention_batch, pause_s=settings.retention_pause_s
@@ -251,6 +265,11 @@ class Runtime(mode.Service):
         if self.dead_letters is None:
             raise self._unavailable()
         return self.dead_letters
+
+    def require_control(self) -> ControlStore:
+        if self.control is None:
+            raise self._unavailable()
+        return self.control
 
     def require_definitions(self) -> DefinitionStore:
         if self.definitions is None:
@@ -328,6 +347,20 @@ class Runtime(mode.Service):
         compiled = await self.cache.compile_checked(envelope, self.checker)
         self.target_policy.check(compiled)
         return compiled
+
+    def step_fallback(
+        self, definition: Mapping[str, Any], step_name: str
+    ) -> Mapping[str, Any] | None:
+        """The fallback response ``step_name`` declares in ``definition``, if any.
+
+        A snapshot that no longer compiles here, or names no such step, has
+        none: its timed-out step fails the job, with the timeout as the reason.
+        """
+        try:
+            return self.compile(definition).step(step_name).fallback
+        except InvalidArgument as exc:
+            log.warning("step %r: no fallback can be read from its definition: %s", step_name, exc)
+            return None
 
     def step_verifier(
         self,

@@ -136,6 +136,15 @@ class Settings:
     events_topic: str = field(
         default=defaults.EVENTS_TOPIC, metadata={"env": "WFJOBS_EVENTS_TOPIC"}
     )
+    # Completions of external steps arrive here (StepCompletion), and each is
+    # answered there (StepCompletionResult), keyed by job id.
+    completions_topic: str = field(
+        default=defaults.COMPLETIONS_TOPIC, metadata={"env": "WFJOBS_COMPLETIONS_TOPIC"}
+    )
+    completion_results_topic: str = field(
+        default=defaults.COMPLETION_RESULTS_TOPIC,
+        metadata={"env": "WFJOBS_COMPLETION_RESULTS_TOPIC"},
+    )
     # Create the requests, dead-letter and events topics when missing (dev
     # brokers; production provisions its topics).
     create_topics: bool = field(default=False, metadata={"env": "WFJOBS_CREATE_TOPICS"})
@@ -295,6 +304,8 @@ class Settings:
             conf=client_security.registry_config(self),
             events_topic=self.events_topic,
             requests_topic=self.requests_topic,
+            completions_topic=self.completions_topic,
+            completion_results_topic=self.completion_results_topic,
         )
 
     def env_name(self, attribute: str) -> str:
@@ -341,8 +352,12 @@ class Settings:
                 "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY_URL: Avro events "
                 "carry the registry's schema id"
             )
+        if self.claim_loops < 0:
+            raise SettingsError(
+                f"WFJOBS_CLAIM_LOOPS must not be negative (0 pauses claiming), "
+                f"got {self.claim_loops}"
+            )
         positive = (
-            "claim_loops",
             "claim_batch",
             "poll_interval_s",
             "lease_s",

@@ -3,9 +3,14 @@
 Every process with the worker role runs one. It takes RUNNING jobs whose lease
 expired (their worker died or lost the store) and RUNNING jobs whose segment
 stalled: renewed, but without progress for longer than the workflow's deadline
-plus the lease (a worker alive but stuck). Several sweeping at once is safe:
+plus the lease (a worker alive but stuck). It also enforces deadlines
+(``RunStore.sweep_deadlines``): a live job past its whole-job deadline and a
+WAITING job past its step's timeout fail (or the step takes its fallback),
+judged against the database's clock. Several sweeping at once is safe:
 the store's sweep locks the rows it settles with ``SKIP LOCKED`` in one
 transaction, so each such job is requeued (or settled DEAD) exactly once.
+A RUNNING job an operator asked to cancel is never requeued: once its lease
+has passed (its worker did not settle it) it is settled CANCELLED instead.
 
 A sweep that fails because the store is away is retried on the next tick;
 any other failure is a defect and crashes the service, and with it the process.
@@ -22,8 +27,9 @@ from typing import Any
 
 import mode
 
+from store.control import ControlStore
 from store.errors import is_outage
-from store.records import SweepResult
+from store.records import DeadlineSweep, FallbackLookup, SweepResult
 from store.runs import RunStore
 from streams.health import PartHealth
 
@@ -38,14 +44,21 @@ class Sweeper(mode.Service):
         interval_s: float,
         failure_bound_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        fallback_of: FallbackLookup | None = None,
         **kwargs: Any,
     ) -> None:
         """``failure_bound_s``: how long sweeps may fail in a row before ``health()``
-        says the sweeper is stuck (at least three intervals)."""
+        says the sweeper is stuck (at least three intervals). ``fallback_of``
+        finds a timed-out step's declared fallback in its job's definition."""
         if interval_s <= 0 or failure_bound_s <= 0:
             raise ValueError("interval_s and failure_bound_s must be positive")
         super().__init__(**kwargs)
         self._runs = runs
+        # Cancel-requested RUNNING jobs whose worker let the lease pass.
+        self._control = ControlStore.beside(runs)
+        self.cancelled = 0
+        self._fallback_of = fallback_of
+        self.deadlines = DeadlineSweep()
         self._interval_s = interval_s
         self._failure_bound_s = max(failure_bound_s, 3 * interval_s)
         self._clock = clock
@@ -61,7 +74,9 @@ class Sweeper(mode.Service):
 
     async def sweep_once(self) -> SweepResult:
         try:
+            cancelled = await self._control.sweep_cancelled()
             result = await self._runs.sweep_expired()
+            deadlines = await self._runs.sweep_deadlines(fallback_of=self._fallback_of)
         except Exception as exc:
             self._failures += 1
             if self._failing_since is None:
@@ -76,6 +91,22 @@ class Sweeper(mode.Service):
         self.requeued += result.requeued
         self.dead += result.dead
         self.stalled += result.stalled
+        self.cancelled += cancelled
+        if cancelled:
+            log.info("sweeper: %d job(s) asked to cancel settled CANCELLED", cancelled)
+        self.deadlines = DeadlineSweep(
+            job_deadlines=self.deadlines.job_deadlines + deadlines.job_deadlines,
+            step_timeouts=self.deadlines.step_timeouts + deadlines.step_timeouts,
+            fallbacks=self.deadlines.fallbacks + deadlines.fallbacks,
+        )
+        if deadlines.job_deadlines or deadlines.step_timeouts or deadlines.fallbacks:
+            log.info(
+                "sweeper: %d job(s) FAILED past their deadline, %d past a step's timeout; "
+                "%d step(s) took their fallback",
+                deadlines.job_deadlines,
+                deadlines.step_timeouts,
+                deadlines.fallbacks,
+            )
         if result.requeued or result.dead:
             log.info(
                 "sweeper: %d job(s) requeued, %d DEAD (%d of them for a stalled segment)",
@@ -102,6 +133,10 @@ class Sweeper(mode.Service):
             "requeued": self.requeued,
             "dead": self.dead,
             "stalled": self.stalled,
+            "cancelled": self.cancelled,
+            "job_deadlines_passed": self.deadlines.job_deadlines,
+            "step_timeouts_passed": self.deadlines.step_timeouts,
+            "step_fallbacks_taken": self.deadlines.fallbacks,
         }
         if self._failures:
             summary = (

@@ -9,13 +9,26 @@ method   path                                                body / answer
 POST     /v1/workflow-runs                                   SubmitWorkflowRequest ->
                                                              SubmitWorkflowResponse
                                                              (201 created, 200 existed)
-GET      /v1/workflow-runs/{job_id}                          GetJobResponse
+GET      /v1/workflow-runs/{job_id}                          GetJobResponse (with its
+                                                             attempt history)
+GET      /v1/workflow-runs/{job_id}:explain                  ExplainJobResponse
 GET      /v1/workflow-runs?status=&workflow_name=&limit=     ListJobsResponse
          &page_token=
 POST     /v1/workflow-runs/{job_id}/steps/{step_name}:complete
                                                              CompleteStepRequest (job_id
                                                              and step_name may be left
                                                              out) -> CompleteStepResponse
+POST     /v1/workflow-runs/{job_id}:resume                   ResumeJobRequest (job_id may
+                                                             be left out) ->
+                                                             ResumeJobResponse (201 made,
+                                                             200 made before)
+POST     /v1/workflow-runs:resume                            ResumeJobsRequest (a filter) ->
+                                                             ResumeJobsResponse
+POST     /v1/workflow-runs/{job_id}:cancel                   CancelJobRequest, optional
+                                                             (job_id may be left out) ->
+                                                             CancelJobResponse
+POST     /v1/workflow-runs:cancel                            CancelJobsRequest (a filter) ->
+                                                             CancelJobsResponse
 PUT      /v1/workflows/{name}                                PutWorkflowRequest ->
                                                              PutWorkflowResponse
 GET      /v1/workflows/{name}                                GetWorkflowResponse
@@ -37,19 +50,25 @@ GET      /v1/openapi.json                                    the OpenAPI documen
 
 Every route but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer
 <token>`` carrying the verb's scope, and reaches only the caller's own jobs
-unless the token is fleet-wide (``streams.auth``): submit needs ``submit``;
+unless the token is fleet-wide (``streams.auth``): submit and resume need ``submit``;
 get and list, of jobs and of stored workflows, ``read``; complete-step
-``complete``; storing a workflow and the outbox and dead-letter routes
-``admin`` (the dead-letter topic's messages belong to nobody, so those routes
-also need ``fleet``). A stored workflow's version is its ``ETag``; a PUT with
-``If-Match: "N"`` lands only on version N, one with ``If-None-Match: *`` only
-creates, and a refused one answers 412 ``VERSION_MISMATCH``.
+``complete``; cancel, of one job or by filter, ``cancel``; storing a workflow
+and the outbox and dead-letter routes ``admin`` (the dead-letter topic's
+messages belong to nobody, so those routes also need ``fleet``). A stored
+workflow's version is its ``ETag``; a PUT with ``If-Match: "N"`` lands only on
+version N, one with ``If-None-Match: *`` only creates, and a refused one
+answers 412 ``VERSION_MISMATCH``.
 
 complete-step answers 200 for the outcomes COMPLETED, ALREADY_DONE and REJECTED:
 a rejected response is the workflow's answer (the job FAILED with that verdict),
 not a malformed call, so the body says REJECTED and carries the failed job.
 WRONG_STATE is the one outcome that is an error: 409 with code WRONG_STATE and
 a message naming the job's current status.
+
+cancel answers 200 for every outcome: CANCELLED (the job was QUEUED or
+WAITING), CANCEL_REQUESTED (it is RUNNING; its worker settles it), and
+ALREADY_CANCELLED or ALREADY_FINISHED for a job that had ended, which is
+answered as it is.
 
 Every error is ``{"code": ..., "message": ...}`` (``ErrorBody``), with the HTTP
 status taken from ``HTTP_STATUS`` and nowhere else; ``streams.http_errors``
@@ -69,6 +88,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web as aiohttp_web
@@ -87,6 +107,7 @@ from streams.convert import (
     stored_workflow_message,
     struct_to_dict,
 )
+from streams.explain import explain_job
 from streams.health import HealthReport
 from streams.http_errors import load_json
 from streams.jobs import Jobs
@@ -279,6 +300,7 @@ class HttpVerbs:
             max_attempts=request.max_attempts or None,
             owner=caller.principal,
             owner_only=not caller.fleet_wide,
+            deadline_ms=request.deadline_ms or None,
         )
         response = api_pb2.SubmitWorkflowResponse(
             job=job_message(submitted.job), created=submitted.created
@@ -289,8 +311,15 @@ class HttpVerbs:
         request = api_pb2.GetJobRequest(job_id=job_id)
         parsed = parse_job_id(job_id)
         check_incoming(request)
-        job = await self.jobs.get_job(parsed, owner=caller.visible_owner)
-        return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job))))
+        job, history = await self.jobs.get_job_with_history(parsed, owner=caller.visible_owner)
+        return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job, history))))
+
+    async def explain_job(self, caller: Caller, job_id: str) -> Reply:
+        request = api_pb2.ExplainJobRequest(job_id=job_id)
+        parsed = parse_job_id(job_id)
+        check_incoming(request)
+        facts = await self.jobs.explain(parsed, owner=caller.visible_owner)
+        return Reply(200, message_json(explain_job(facts)))
 
     async def list_jobs(self, caller: Caller, query: Mapping[str, str]) -> Reply:
         _only_parameters(query, LIST_JOBS_PARAMETERS, "list-jobs")
@@ -331,6 +360,114 @@ class HttpVerbs:
             outcome=result.outcome,
             job=job_message(result.job),
             message=result.message,
+        )
+        return Reply(200, message_json(response))
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(self, caller: Caller, job_id: str, body: bytes) -> Reply:
+        """Cancel one job; 200 for every outcome, a finished job answered as it is."""
+        data = await asyncio.to_thread(_json_object, body, "cancel") if body.strip() else {}
+        given = data.setdefault("job_id", job_id)
+        if given != job_id:
+            raise InvalidArgument(
+                f"job_id in the body ({given!r}) differs from the one in the path ({job_id!r})"
+            )
+        parsed = parse_job_id(job_id)
+        request = cast(api_pb2.CancelJobRequest, from_json(data, api_pb2.CancelJobRequest()))
+        check_incoming(request)
+        result = await self.jobs.cancel(
+            job_id=parsed, reason=request.reason, owner=caller.visible_owner
+        )
+        response = api_pb2.CancelJobResponse(
+            outcome=result.outcome, job=job_message(result.job), message=result.message
+        )
+        return Reply(200, message_json(response))
+
+    async def cancel_many(self, caller: Caller, body: bytes) -> Reply:
+        """Cancel every live job a filter picks (within the caller's reach)."""
+        request = cast(
+            api_pb2.CancelJobsRequest,
+            await _parse(body, api_pb2.CancelJobsRequest(), "bulk cancel"),
+        )
+        done = await self.jobs.cancel_many(
+            status=api_pb2.Job.Status.Name(request.status) if request.status else "",
+            workflow_name=request.workflow_name,
+            owner_filter=request.owner,
+            created_before=(
+                request.created_before.ToDatetime(tzinfo=UTC)
+                if request.HasField("created_before")
+                else None
+            ),
+            reason=request.reason,
+            owner=caller.visible_owner,
+        )
+        response = api_pb2.CancelJobsResponse(
+            cancelled=[str(job_id) for job_id in done.cancelled],
+            cancel_requested=[str(job_id) for job_id in done.cancel_requested],
+        )
+        return Reply(200, message_json(response))
+
+    # ------------------------------------------------------------------ resume
+
+    async def resume(self, caller: Caller, job_id: str, body: bytes) -> Reply:
+        """A FAILED, DEAD or CANCELLED job as a new run: 201 made, 200 made before."""
+        data = await asyncio.to_thread(_json_object, body, "resume")
+        given = data.setdefault("job_id", job_id)
+        if given != job_id:
+            raise InvalidArgument(
+                f"job_id in the body ({given!r}) differs from the one in the path ({job_id!r})"
+            )
+        parsed = parse_job_id(job_id)
+        request = cast(api_pb2.ResumeJobRequest, from_json(data, api_pb2.ResumeJobRequest()))
+        check_incoming(request)
+        resumed = await self.jobs.resume(
+            job_id=parsed,
+            principal=caller.principal,
+            owner=caller.visible_owner,
+            from_step=request.from_step,
+            use_current_definition=request.use_current_definition,
+            request_key=request.request_key,
+            max_attempts=request.max_attempts or None,
+        )
+        response = api_pb2.ResumeJobResponse(job=job_message(resumed.job), created=resumed.created)
+        return Reply(201 if resumed.created else 200, message_json(response))
+
+    async def resume_many(self, caller: Caller, body: bytes) -> Reply:
+        """Every ended job a filter picks that no run resumes yet, each as a new run."""
+        request = cast(
+            api_pb2.ResumeJobsRequest,
+            await _parse(body, api_pb2.ResumeJobsRequest(), "bulk resume"),
+        )
+        created_before = (
+            request.created_before.ToDatetime(tzinfo=UTC)
+            if request.HasField("created_before")
+            else None
+        )
+        done = await self.jobs.resume_many(
+            principal=caller.principal,
+            owner=caller.visible_owner,
+            statuses=[api_pb2.Job.Status.Name(status) for status in request.statuses],
+            workflow_name=request.workflow_name,
+            job_owner=request.owner,
+            created_before=created_before,
+            use_current_definition=request.use_current_definition,
+            request_key=request.request_key,
+            limit=request.limit,
+        )
+        resumed = []
+        for item in done.resumed:
+            summary = job_summary_message(item.job)
+            summary.resumed_from = str(item.job.resumed_from or "")
+            resumed.append(summary)
+        response = api_pb2.ResumeJobsResponse(
+            resumed=resumed,
+            refused=[
+                api_pb2.ResumeJobsResponse.Refusal(
+                    job_id=str(refusal.job_id), code=refusal.code, message=refusal.message
+                )
+                for refusal in done.refused
+            ],
         )
         return Reply(200, message_json(response))
 
@@ -597,6 +734,55 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
                 return await api.get_job(caller, job_id)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs/{job_id:[^/:]+}:explain")
+    class ExplainRun(View):
+        async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.READ)
+                return await api.explain_job(caller, job_id)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs/{job_id:[^/:]+}:resume")
+    class ResumeRun(View):
+        async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                body = await read_body(request, api.max_body_bytes)
+                return await api.resume(caller, job_id, body)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs:resume")
+    class ResumeRuns(View):
+        async def post(self, request: Request, **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                return await api.resume_many(caller, await read_body(request, api.max_body_bytes))
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs/{job_id:[^/:]+}:cancel")
+    class CancelRun(View):
+        async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.CANCEL)
+                # The body is optional: a bare POST cancels without a reason.
+                raw = cast(aiohttp_web.Request, request)
+                body = await read_body(request, api.max_body_bytes) if raw.body_exists else b""
+                return await api.cancel(caller, job_id, body)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs:cancel")
+    class CancelRuns(View):
+        async def post(self, request: Request, **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.CANCEL)
+                return await api.cancel_many(caller, await read_body(request, api.max_body_bytes))
 
             return await _respond(self, call)
 

@@ -18,7 +18,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from workflows import descriptors
-from workflows.codec import Codecs
+from workflows.codec import Codec, Codecs
 from workflows.envelope import (
     STEP_KEYS,
     TOP_KEYS,
@@ -28,14 +28,16 @@ from workflows.envelope import (
     is_external,
     only_keys,
     parse_deadline,
+    parse_job_deadline,
     parse_name,
+    parse_step_timeout,
     parse_target,
     raw_steps,
     required,
     rule_texts,
     step_names,
 )
-from workflows.protojson import describe_value, descriptor_of, message_class
+from workflows.protojson import MessageError, describe_value, descriptor_of, message_class
 from workflows.rules import (
     DEFAULT_LIMITS,
     Explain,
@@ -93,6 +95,7 @@ def compile_definition(
     except descriptors.DescriptorSetError as exc:
         raise DefinitionError(f"inputType: {exc}", path="inputType") from None
     deadline_ms = parse_deadline(envelope.get("deadlineMs"))
+    job_deadline_ms = parse_job_deadline(envelope.get("jobDeadlineMs"))
 
     validator = protovalidate.Validator() if schema.uses_protovalidate else None
     envelope_steps = raw_steps(envelope)
@@ -123,6 +126,7 @@ def compile_definition(
         schema=schema,
         validator=validator,
         input_codec=codecs.of(input_descriptor),
+        job_deadline_ms=job_deadline_ms,
         _by_name={step.name: step for step in steps},
     )
 
@@ -312,6 +316,9 @@ def _compile_step(
     )
     # Judging a complete-step response needs the job's input and checkpoints only then.
     reads_scope = any(variable in env for rule in checks for variable in rule.program.variables())
+    timeout_ms = parse_step_timeout(raw, external, where, path)
+    response_codec = codecs.of(method.output_type)
+    fallback = _compile_fallback(raw.get("fallback"), response_codec, where, path)
 
     return Step(
         index=index,
@@ -327,8 +334,36 @@ def _compile_step(
         validator=validator,
         setters=tuple(make_setter(method.input_type, rule.target) for rule in rules),
         request_codec=codecs.of(method.input_type),
-        response_codec=codecs.of(method.output_type),
+        response_codec=response_codec,
+        timeout_ms=timeout_ms,
+        fallback=fallback,
     )
+
+
+def _compile_fallback(
+    value: Any, response_codec: Codec, where: str, path: str
+) -> dict[str, Any] | None:
+    """The fallback response as the step's output type, in canonical proto3 JSON.
+
+    Checked here, whole, because nobody is there to correct it when it is taken.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise DefinitionError(
+            f"{where}.fallback: must be a JSON object (the step's response), "
+            f"got {describe_value(value)}",
+            path=f"{path}.fallback",
+        )
+    try:
+        message = response_codec.decode_strict(value, "fallback")
+    except MessageError as exc:
+        type_name = response_codec.message_class.DESCRIPTOR.full_name
+        raise DefinitionError(
+            f"{where}.fallback: not a valid {type_name}: {'; '.join(exc.problems)}",
+            path=f"{path}.fallback",
+        ) from None
+    return response_codec.encode(message)
 
 
 def _check_overlap(

@@ -14,8 +14,13 @@ The envelope (keys are camelCase; anything else is refused, not ignored)::
          "validate": ["response.approved"]}
       ],
       "output": ["ids = tokenize.ids", "approved = review.approved"],
-      "deadlineMs": 30000
+      "deadlineMs": 30000,
+      "jobDeadlineMs": 86400000
     }
+
+An external step may also carry ``timeoutMs`` (how long the job may wait for
+its completion once parked) and, with it, ``fallback``: the response the step
+takes when that time passes, instead of failing the job.
 
 ``workflows/README.md`` documents every key. The checks here are the ones that
 need no descriptor set: unknown keys, required keys, names, the deadline,
@@ -39,15 +44,22 @@ from workflows.protojson import describe_value
 
 DEFAULT_DEADLINE_MS = 30_000
 MAX_DEADLINE_MS = 24 * 60 * 60 * 1000
+# A whole-job deadline or an external step's timeout: at most a year, as the
+# submit request's own ``deadline_ms`` allows.
+MAX_WAIT_MS = 365 * 24 * 60 * 60 * 1000
 MAX_STEPS = 64
 MAX_RULES = 256
 MAX_NAME_CHARS = 200
 EXTERNAL = "external"
 LOCAL_TARGET = "local"
 
-TOP_KEYS = frozenset({"name", "schema", "inputType", "steps", "output", "deadlineMs"})
+TOP_KEYS = frozenset(
+    {"name", "schema", "inputType", "steps", "output", "deadlineMs", "jobDeadlineMs"}
+)
 SCHEMA_KEYS = frozenset({"descriptorSetBase64"})
-STEP_KEYS = frozenset({"name", "target", "method", "rules", "completion", "validate"})
+STEP_KEYS = frozenset(
+    {"name", "target", "method", "rules", "completion", "validate", "timeoutMs", "fallback"}
+)
 _STEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _HOST_PORT = re.compile(
     r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})"
@@ -143,9 +155,7 @@ def parse_name(envelope: Mapping[Any, Any]) -> str:
     return name
 
 
-def parse_deadline(value: Any) -> int:
-    if value is None:
-        return DEFAULT_DEADLINE_MS
+def _whole_ms(value: Any, key: str, path: str, maximum: int) -> int:
     whole: int | None = None
     if isinstance(value, bool):
         whole = None
@@ -155,14 +165,44 @@ def parse_deadline(value: Any) -> int:
         whole = int(value)  # JSON that went through a protobuf Struct carries doubles
     if whole is None:
         raise DefinitionError(
-            f"deadlineMs: must be a whole number of milliseconds, got {describe_value(value)}",
-            path="deadlineMs",
+            f"{key}: must be a whole number of milliseconds, got {describe_value(value)}",
+            path=path,
         )
-    if not 1 <= whole <= MAX_DEADLINE_MS:
-        raise DefinitionError(
-            f"deadlineMs: must be between 1 and {MAX_DEADLINE_MS}, got {whole}", path="deadlineMs"
-        )
+    if not 1 <= whole <= maximum:
+        raise DefinitionError(f"{key}: must be between 1 and {maximum}, got {whole}", path=path)
     return whole
+
+
+def parse_deadline(value: Any) -> int:
+    if value is None:
+        return DEFAULT_DEADLINE_MS
+    return _whole_ms(value, "deadlineMs", "deadlineMs", MAX_DEADLINE_MS)
+
+
+def parse_job_deadline(value: Any) -> int | None:
+    """``jobDeadlineMs``: the whole-job deadline a submit takes unless it names its own."""
+    if value is None:
+        return None
+    return _whole_ms(value, "jobDeadlineMs", "jobDeadlineMs", MAX_WAIT_MS)
+
+
+def parse_step_timeout(raw: Mapping[Any, Any], external: bool, where: str, path: str) -> int | None:
+    """An external step's ``timeoutMs``; ``fallback`` needs one (its type is the compiler's)."""
+    value = raw.get("timeoutMs")
+    if value is None:
+        if raw.get("fallback") is not None:
+            raise DefinitionError(
+                f"{where}.fallback: a fallback is taken when timeoutMs passes; set timeoutMs",
+                path=f"{path}.fallback",
+            )
+        return None
+    if not external:
+        raise DefinitionError(
+            f'{where}.timeoutMs: only a step with completion "external" waits, so only it '
+            "takes a timeout (deadlineMs bounds the others)",
+            path=f"{path}.timeoutMs",
+        )
+    return _whole_ms(value, f"{where}.timeoutMs", f"{path}.timeoutMs", MAX_WAIT_MS)
 
 
 def step_names(raw_steps: list[Any]) -> list[str]:

@@ -42,11 +42,13 @@ class Completed:
 class Parked:
     """The next step is external: the job waits for complete-step.
 
-    ``request`` is what the step's rules built, for whoever answers it.
+    ``request`` is what the step's rules built, for whoever answers it;
+    ``timeout_ms`` how long it may wait for that answer (the step's ``timeoutMs``).
     """
 
     step_name: str
     request: dict[str, Any]
+    timeout_ms: int | None = None
 
 
 SegmentOutcome = Completed | Parked
@@ -76,7 +78,8 @@ async def run_segment(
 
     for step in workflow.steps[len(checkpoints) :]:
         if step.external:
-            return Parked(step.name, step.request_codec.encode(step.build_request(scope)))
+            built = step.request_codec.encode(step.build_request(scope))
+            return Parked(step.name, built, step.timeout_ms)
         left = expires_at - clock()
         if left <= 0:
             raise StepFailure(

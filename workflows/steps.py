@@ -65,6 +65,10 @@ class Step:
     reads_scope: bool = False
     validator: protovalidate.Validator | None = field(default=None, repr=False)
     setters: tuple[Setter | None, ...] = field(default=(), repr=False)
+    # External steps only: how long a parked job waits for the completion, and
+    # the response (proto3 JSON of the step's output type) it takes then, if any.
+    timeout_ms: int | None = None
+    fallback: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def _pool(self) -> DescriptorPool:
@@ -165,6 +169,8 @@ class CompiledWorkflow:
     schema: descriptors.Schema = field(repr=False)
     input_codec: Codec = field(repr=False)
     validator: protovalidate.Validator | None = field(default=None, repr=False)
+    # The whole-job deadline a submit takes when it names none (``jobDeadlineMs``).
+    job_deadline_ms: int | None = None
     _by_name: Mapping[str, Step] = field(default_factory=dict, repr=False)
 
     @property

@@ -10,6 +10,10 @@ to the file named by ``WFJOBS_E2E_CALLS``: ``worker_id method job_id attempt``.
 A line is one ``write`` on an ``O_APPEND`` descriptor, so lines from several
 workers never interleave.
 
+A handler whose task is cancelled while it runs (a cancelled job's step)
+appends ``worker cancelled:METHOD job_id attempt`` before the cancellation
+goes on.
+
 ``WFJOBS_E2E_SLOW_METHOD`` and ``WFJOBS_E2E_SLOW_S`` make one method of this
 worker process hold its answer that long after recording the call: the crash
 test kills a worker while it sits there, before the step's checkpoint.
@@ -29,20 +33,35 @@ from workflows.invokers import Handler, HandlerRegistry, StepContext
 CALLS_ENV = "WFJOBS_E2E_CALLS"
 
 
+def _append(method: str, key: str, attempt: int) -> None:
+    path = os.environ.get(CALLS_ENV)
+    if not path:
+        return
+    job_id = key.partition(":")[0]
+    worker = os.environ.get("WFJOBS_WORKER_ID", "?")
+    line = f"{worker} {method} {job_id} {attempt}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 class FileCallLog(CallLog):
     def record(self, method: str, key: str, attempt: int) -> None:
         super().record(method, key, attempt)
-        path = os.environ.get(CALLS_ENV)
-        if not path:
-            return
-        job_id = key.partition(":")[0]
-        worker = os.environ.get("WFJOBS_WORKER_ID", "?")
-        line = f"{worker} {method} {job_id} {attempt}\n".encode()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        _append(method, key, attempt)
+
+
+def _noting_cancel(method: str, inner: Handler) -> Handler:
+    async def noted(request: Message, ctx: StepContext) -> Any:
         try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+            return await inner(request, ctx)
+        except asyncio.CancelledError:
+            _append(f"cancelled:{method}", ctx.idempotency_key, ctx.attempt)
+            raise
+
+    return noted
 
 
 def _slowed(inner: Handler, seconds: float) -> Handler:
@@ -64,4 +83,4 @@ def register_handlers(registry: HandlerRegistry) -> None:
         assert function is not None
         if method == slow_method and slow_s > 0:
             function = _slowed(function, slow_s)
-        registry.register(method, function, replace=True)
+        registry.register(method, _noting_cancel(method, function), replace=True)

@@ -120,6 +120,14 @@ class Stack:
         self.requests_topic = topics["requests"]
         self.dlq_topic = topics["dlq"]
         self.events_topic = topics["events"]
+        # Completions get a topic of the stack's own, so no other stack's worker
+        # answers them (a worker creates it when the stack's broker lets it).
+        self.completions_topic = topics.get(
+            "completions", f"e2e-completions-{uuid.uuid4().hex[:10]}"
+        )
+        self.completion_results_topic = topics.get(
+            "completion_results", f"e2e-completion-results-{uuid.uuid4().hex[:10]}"
+        )
         self.group = f"e2e-{uuid.uuid4().hex[:10]}"
         # confluent-kafka's mock registry lives inside one process. Every process
         # that opens it through schemas.serde.open_registry registers the
@@ -160,6 +168,8 @@ class Stack:
                 "WFJOBS_REQUESTS_TOPIC": self.requests_topic,
                 "WFJOBS_REQUESTS_DLQ_TOPIC": self.dlq_topic,
                 "WFJOBS_EVENTS_TOPIC": self.events_topic,
+                "WFJOBS_COMPLETIONS_TOPIC": self.completions_topic,
+                "WFJOBS_COMPLETION_RESULTS_TOPIC": self.completion_results_topic,
                 "WFJOBS_GROUP": self.group,
                 "WFJOBS_SCHEMA_REGISTRY_URL": self.registry_url,
                 "WFJOBS_E2E_CALLS": str(self.calls_path),

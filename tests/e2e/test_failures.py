@@ -59,8 +59,17 @@ async def test_always_unavailable_lands_dead_with_the_error_verbatim(stack: Stac
 
     await reader.wait(lambda _: any(type_name(e) == "DEAD" for e in reader.for_job(job_id)))
     events = dedupe(reader.for_job(job_id))
-    # Retries are row changes only: no event between the checkpoint and DEAD.
-    assert [type_name(e) for e in events] == ["ACCEPTED", "STEP_CHECKPOINT", "DEAD"]
-    assert events[-1].error == expected
-    assert events[-1].attempt == 3
+    # Each failed attempt with one left publishes RETRY_SCHEDULED, then DEAD.
+    assert [type_name(e) for e in events] == [
+        "ACCEPTED",
+        "STEP_CHECKPOINT",
+        "RETRY_SCHEDULED",
+        "RETRY_SCHEDULED",
+        "DEAD",
+    ]
+    assert [(e.attempt, e.error) for e in events[2:]] == [
+        (1, expected),
+        (2, expected),
+        (3, expected),
+    ]
     reader.close()

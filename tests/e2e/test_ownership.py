@@ -65,6 +65,8 @@ async def _stack(
         "requests": requests or new_topic(bootstrap, 3, prefix="e2e-requests"),
         "dlq": new_topic(bootstrap, 1, prefix="e2e-requests-dlq"),
         "events": new_topic(bootstrap, 3, prefix="e2e-events"),
+        "completions": new_topic(bootstrap, 1, prefix="e2e-completions"),
+        "completion_results": new_topic(bootstrap, 1, prefix="e2e-completion-results"),
     }
     pool = await open_pool(dsn, min_size=1, max_size=4)
     return Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp, pool=pool)

@@ -213,9 +213,16 @@ async def test_row_changes_without_a_commit_point_write_no_event(
     again = await store.claim("w2")
     assert again is not None
     assert again.lease.attempt == 1  # the handed-back attempt did not count
+    # A renewal, a hand-back and a claim publish nothing; a retry publishes
+    # RETRY_SCHEDULED, so consumers see a job struggling before it is DEAD.
+    assert len(await outbox.events_for(claimed.job_id)) == 1
     outcome = await store.retry_or_die(again.lease, "UNAVAILABLE")
     assert outcome.status == "QUEUED"
-    assert len(await outbox.events_for(claimed.job_id)) == 1
+    events = [decode_event(row.payload) for row in await outbox.events_for(claimed.job_id)]
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+    ]
 
 
 async def test_a_settle_without_its_required_text_is_refused_loudly(store: RunStore) -> None:
@@ -298,8 +305,8 @@ async def test_a_verifier_that_raises_changes_nothing(store: RunStore, outbox: O
 async def test_a_sweep_that_fails_midway_leaves_no_change_and_no_event(
     pool: Pool, outbox: Outbox
 ) -> None:
-    # One expired lease with attempts left (requeued, no event) and one on its
-    # last attempt (DEAD, with an event): one transaction, so both or neither.
+    # One expired lease with attempts left (requeued, RETRY_SCHEDULED) and one
+    # on its last attempt (DEAD): one transaction, so both or neither.
     store = RunStore(pool)
     retried = await _claimed(store)
     last = await _claimed(store, max_attempts=1)

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from schemas.contract import decode_event
+from schemas.contract import EventType, decode_event
 from schemas.errors import LeaseLost
 from store.outbox import Outbox
 from store.pool import Pool
@@ -54,8 +54,14 @@ async def test_a_swept_worker_cannot_write_and_publishes_nothing(pool: Pool) -> 
     after = await store.get(stale.job_id)
     assert after == before
     events = [decode_event(row.payload) for row in await outbox.events_for(stale.job_id)]
-    assert [event.type for event in events] == [1]  # ACCEPTED only
-    assert all(event.attempt != stale.attempt for event in events)
+    # ACCEPTED, then the sweeper's RETRY_SCHEDULED; nothing from the stale worker.
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+    ]
+    assert "lease expired" in events[1].error
+    # The history holds the one SWEPT attempt, and nothing the stale worker tried.
+    assert [a.outcome for a in await store.history.attempts(stale.job_id)] == ["SWEPT"]
 
 
 async def test_a_swept_worker_cannot_write_over_the_next_claim(pool: Pool) -> None:
@@ -76,7 +82,9 @@ async def test_a_swept_worker_cannot_write_over_the_next_claim(pool: Pool) -> No
     # The live lease still works.
     await store.checkpoint(fresh.lease, entry("tokenize", ids=[1]))
     events = [decode_event(row.payload) for row in await outbox.events_for(stale.job_id)]
-    assert [event.attempt for event in events] == [0, fresh.lease.attempt]
+    # ACCEPTED, the sweep's RETRY_SCHEDULED (the stale attempt), the live checkpoint.
+    assert [event.attempt for event in events] == [0, stale.attempt, fresh.lease.attempt]
+    assert events[1].type == EventType.TYPE_RETRY_SCHEDULED
 
 
 async def test_a_settled_job_refuses_its_old_lease(store: RunStore) -> None:

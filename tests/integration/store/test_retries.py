@@ -1,9 +1,15 @@
-"""Retries back off base x 2^(attempt-1) on the database clock, then land DEAD."""
+"""Retries back off base x 2^(attempt-1) on the database clock, then land DEAD.
+
+Each retry publishes RETRY_SCHEDULED naming the row's next run time. The
+backoff is counted from the settle on the database clock as the claim read it
+(``Lease.clock_offset_s``), so it matches ``updated_at`` (the statement's
+now()) to within the round trips of the claim and the settle.
+"""
 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 
@@ -14,6 +20,9 @@ from store.runs import RunStore
 from tests.integration.store.helpers import age_rows, submit
 
 BASE_S = 60.0
+# How far the backoff, counted on the database clock as the claim measured it,
+# may fall from the statement's own now(): a claim's and a settle's round trip.
+ROUND_TRIPS_S = 0.5
 
 
 async def _let_the_backoff_pass(pool: Pool, job_id: uuid.UUID) -> None:
@@ -32,8 +41,7 @@ async def test_attempts_one_and_two_back_off_five_and_ten_seconds_then_dead(
         "DEADLINE_EXCEEDED: embedder slow",
         "RESOURCE_EXHAUSTED: quota of 'embedder' exceeded (limit 10/s)",
     ]
-    # run_after and updated_at are both the statement's now(), so their
-    # difference is the backoff exactly.
+    # updated_at is the statement's now(): run_after is the backoff after it.
     for attempt, (error, backoff_s) in enumerate(zip(errors[:2], (5, 10), strict=True), 1):
         claimed = await store.claim("w1")
         assert claimed is not None and claimed.job_id == job_id
@@ -42,7 +50,9 @@ async def test_attempts_one_and_two_back_off_five_and_ten_seconds_then_dead(
         job = await store.get(job_id)
         assert (outcome.status, outcome.attempt, job.status) == ("QUEUED", attempt, "QUEUED")
         assert not outcome.dead
-        assert job.run_after - job.updated_at == timedelta(seconds=backoff_s)
+        assert job.run_after - job.updated_at == pytest.approx(
+            timedelta(seconds=backoff_s), abs=timedelta(seconds=ROUND_TRIPS_S)
+        )
         assert outcome.run_after == job.run_after
         assert job.error == error
         assert job.lease_owner is None and job.lease_until is None
@@ -57,9 +67,21 @@ async def test_attempts_one_and_two_back_off_five_and_ten_seconds_then_dead(
     assert (job.status, job.error, job.attempt) == ("DEAD", errors[2], 3)
     assert job.lease_owner == "w3"  # who held the last attempt
     events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
-    # Retries are row changes only; the one event after ACCEPTED is the DEAD one.
-    assert [event.type for event in events] == [EventType.TYPE_ACCEPTED, EventType.TYPE_DEAD]
-    assert (events[-1].error, events[-1].attempt) == (errors[2], 3)
+    # Each retry says so, with its error and the row's next run time; then DEAD.
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+        EventType.TYPE_RETRY_SCHEDULED,
+        EventType.TYPE_DEAD,
+    ]
+    assert [(e.error, e.attempt) for e in events[1:]] == [
+        (error, n) for n, error in enumerate(errors, 1)
+    ]
+    history = await store.history.attempts(job_id)
+    assert [a.outcome for a in history] == ["RETRY_SCHEDULED", "RETRY_SCHEDULED", "DEAD"]
+    for event, attempt in zip(events[1:3], history[:2], strict=True):
+        assert event.next_run_at.ToDatetime(tzinfo=UTC) == attempt.next_run_at
+    assert not events[-1].HasField("next_run_at") and history[-1].next_run_at is None
     await _let_the_backoff_pass(pool, job_id)
     assert await store.claim("w1") is None
 
@@ -82,7 +104,7 @@ async def test_a_retry_waits_out_its_backoff_on_the_database_clock(pool: Pool) -
 
 
 async def test_the_backoff_base_is_configurable(pool: Pool) -> None:
-    store = RunStore(pool, retry_base_s=0.1, default_max_attempts=5)
+    store = RunStore(pool, retry_base_s=10.0, default_max_attempts=5)
     job_id = (await submit(store)).job.job_id
     expected = []
     for attempt in (1, 2, 3):
@@ -91,5 +113,5 @@ async def test_the_backoff_base_is_configurable(pool: Pool) -> None:
         await store.retry_or_die(claimed.lease, "UNAVAILABLE")
         job = await store.get(job_id)
         expected.append((job.run_after - job.updated_at).total_seconds())
-        await age_rows(pool, 0.1 * 2 ** (attempt - 1), job_id)
-    assert expected == pytest.approx([0.1, 0.2, 0.4])
+        await age_rows(pool, 10.0 * 2 ** (attempt - 1) + ROUND_TRIPS_S, job_id)
+    assert expected == pytest.approx([10.0, 20.0, 40.0], abs=ROUND_TRIPS_S)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from schemas.contract import EventType, decode_event
 from schemas.errors import LeaseLost
 from store.outbox import Outbox
 from store.pool import Pool
@@ -95,7 +96,14 @@ async def test_a_segment_renewed_without_progress_is_swept_as_stalled(
     # Its worker can write nothing any more.
     with pytest.raises(LeaseLost):
         await store.extend_lease(claimed.lease, _progress(4))
-    assert len(await outbox.events_for(claimed.job_id)) == 1  # ACCEPTED; a sweep is no event
+    events = [decode_event(row.payload) for row in await outbox.events_for(claimed.job_id)]
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+    ]
+    assert events[1].error == job.error
+    [swept] = await store.history.attempts(claimed.job_id)
+    assert (swept.outcome, swept.error_class, swept.worker) == ("SWEPT", "stall", "w1")
 
 
 async def test_a_stalled_segment_on_its_last_attempt_lands_dead(pool: Pool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC
 
 from schemas.contract import EventType, decode_event
 from store.outbox import Outbox
@@ -41,8 +42,15 @@ async def test_an_expired_lease_is_requeued_and_resumes_from_its_checkpoints(
     assert again is not None and again.job_id == job_id
     assert again.lease.attempt == 2
     assert [item["name"] for item in again.job.checkpoints] == ["tokenize"]
-    # A sweep is a row change only.
-    assert len(await outbox.events_for(job_id)) == 2
+    # The sweep says so: RETRY_SCHEDULED, runnable again at the sweep's now.
+    events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_STEP_CHECKPOINT,
+        EventType.TYPE_RETRY_SCHEDULED,
+    ]
+    assert events[-1].error == job.error
+    assert events[-1].next_run_at.ToDatetime(tzinfo=UTC) == job.run_after
 
 
 async def test_an_expired_lease_on_the_last_attempt_lands_dead(pool: Pool, outbox: Outbox) -> None:
@@ -60,7 +68,11 @@ async def test_an_expired_lease_on_the_last_attempt_lands_dead(pool: Pool, outbo
     assert job.error == "lease expired on attempt 2/2 (worker w1)"
     assert job.lease_until is None
     events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
-    assert [event.type for event in events] == [EventType.TYPE_ACCEPTED, EventType.TYPE_DEAD]
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+        EventType.TYPE_DEAD,
+    ]
     assert events[-1].error == "lease expired on attempt 2/2 (worker w1)"
     assert events[-1].attempt == 2
     assert await store.claim("w1") is None

@@ -115,6 +115,7 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
         "workflow": None,
         "workflow_name": "web-review",
         "max_attempts": None,
+        "deadline_ms": None,
     }
 
 

@@ -206,6 +206,13 @@ async def test_a_segment_without_progress_is_stopped_and_given_up_by_its_worker(
     assert [entry["name"] for entry in job.checkpoints] == ["tokenize"]
     assert loops.stats.stalled == 1 and loops.stats.retried == 1
     assert loops.stats.held_past_bound == 0
+    # The history tells a stalled segment from a failed step.
+    [stalled] = await runs.history.attempts(job_id)
+    assert (stalled.outcome, stalled.error_class, stalled.error) == (
+        "RETRY_SCHEDULED",
+        "stall",
+        job.error,
+    )
 
 
 class SettleThatHangs(RunStore):

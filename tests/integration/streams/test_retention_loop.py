@@ -54,7 +54,9 @@ async def test_a_started_loop_runs_passes_and_reports_them(pool: Pool) -> None:
         await loop.stop()
     health = loop.health()
     assert health.healthy and health.summary == "ok"
-    assert health.detail["policy"] == "outbox 7d; jobs COMPLETED 30d, DEAD 30d, FAILED 30d"
+    assert health.detail["policy"] == (
+        "outbox 7d; jobs CANCELLED 30d, COMPLETED 30d, DEAD 30d, FAILED 30d"
+    )
 
 
 async def test_an_outage_is_reported_and_tried_again(pool: Pool) -> None:

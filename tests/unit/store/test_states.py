@@ -9,7 +9,7 @@ import pytest
 
 from schemas.contract import EventType, api_pb2
 from schemas.errors import InvalidArgument
-from store import outbox, run_sql
+from store import control_sql, deadline_sql, outbox, run_sql
 from store.states import (
     STATUSES,
     TERMINAL,
@@ -90,6 +90,8 @@ def test_transition_refuses_what_the_table_does_not_allow() -> None:
 def test_every_store_move_is_in_the_table() -> None:
     moves = [run_sql.CLAIM, run_sql.PARK, run_sql.COMPLETE, run_sql.FAIL, run_sql.RETRY]
     moves += [run_sql.GIVE_UP, run_sql.EXHAUSTED, run_sql.RESUME, run_sql.REJECT]
+    moves += [control_sql.CANCEL_QUEUED, control_sql.CANCEL_WAITING, control_sql.CANCEL_RUNNING]
+    moves += [deadline_sql.JOB_DEADLINE_QUEUED]
     assert set(moves) == DESIGN_EDGES
 
 
@@ -135,7 +137,18 @@ def test_the_outbox_check_constraint_lists_exactly_the_event_types() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["runs", "run_sql", "records", "definitions", "migrate", "pool", "channels", "retention"],
+    [
+        "runs",
+        "run_sql",
+        "records",
+        "definitions",
+        "migrate",
+        "pool",
+        "channels",
+        "retention",
+        "control",
+        "control_sql",
+    ],
 )
 def test_job_statuses_are_spelled_only_in_the_state_machine(module: str) -> None:
     # outbox.py is left out on purpose: its PENDING/PUBLISHED/FAILED are the

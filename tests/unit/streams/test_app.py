@@ -43,7 +43,7 @@ def test_roles_decide_what_is_mounted() -> None:
     worker_only = create_app(Settings.from_env({"WFJOBS_ROLES": "worker", "WFJOBS_GROUP": "g2"}))
     assert "/healthz" in _routes(worker_only)
     assert not any(route.startswith("/v1/") for route in _routes(worker_only))
-    assert _agents(worker_only) == ["workflow-run-requests"]
+    assert _agents(worker_only) == ["workflow-run-requests", "workflow-step-completions"]
 
 
 def test_the_app_is_configured_from_settings() -> None:

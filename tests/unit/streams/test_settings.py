@@ -46,6 +46,7 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_CLAIM_LOOPS": "many"}, "WFJOBS_CLAIM_LOOPS must be an integer, got 'many'"),
         ({"WFJOBS_AUTO_MIGRATE": "sure"}, "WFJOBS_AUTO_MIGRATE must be boolean"),
         ({"WFJOBS_LEASE_S": "0"}, "WFJOBS_LEASE_S must be positive"),
+        ({"WFJOBS_CLAIM_LOOPS": "-1"}, "WFJOBS_CLAIM_LOOPS must not be negative"),
         ({"WFJOBS_ROLES": "api,cook"}, "WFJOBS_ROLES must be a comma-separated subset"),
         ({"WFJOBS_WEB_PORT": "70000"}, "WFJOBS_WEB_PORT must be a TCP port"),
         ({"WFJOBS_SHUTDOWN_GRACE_S": "-1"}, "WFJOBS_SHUTDOWN_GRACE_S must be positive"),

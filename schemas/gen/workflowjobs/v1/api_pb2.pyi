@@ -172,6 +172,73 @@ class GetJobResponse(_message.Message):
     job: Job
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
+class ExplainJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("sentence", "evidence")
+    class EvidenceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SENTENCE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    sentence: str
+    evidence: _containers.ScalarMap[str, str]
+    def __init__(self, sentence: _Optional[str] = ..., evidence: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class OperatorAction(_message.Message):
+    __slots__ = ("description", "command", "http")
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    HTTP_FIELD_NUMBER: _ClassVar[int]
+    description: str
+    command: str
+    http: str
+    def __init__(self, description: _Optional[str] = ..., command: _Optional[str] = ..., http: _Optional[str] = ...) -> None: ...
+
+class OutboxState(_message.Message):
+    __slots__ = ("pending", "failed", "published", "oldest_unsent_at", "last_error")
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNSENT_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    pending: int
+    failed: int
+    published: int
+    oldest_unsent_at: _timestamp_pb2.Timestamp
+    last_error: str
+    def __init__(self, pending: _Optional[int] = ..., failed: _Optional[int] = ..., published: _Optional[int] = ..., oldest_unsent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class ExplainJobResponse(_message.Message):
+    __slots__ = ("job_id", "status", "why", "next", "actions", "outbox", "delivery", "history", "as_of")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: Job.Status
+    why: _containers.RepeatedCompositeFieldContainer[Finding]
+    next: _containers.RepeatedCompositeFieldContainer[Finding]
+    actions: _containers.RepeatedCompositeFieldContainer[OperatorAction]
+    outbox: OutboxState
+    delivery: Finding
+    history: _containers.RepeatedCompositeFieldContainer[Attempt]
+    as_of: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., why: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., next: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[OperatorAction, _Mapping]]] = ..., outbox: _Optional[_Union[OutboxState, _Mapping]] = ..., delivery: _Optional[_Union[Finding, _Mapping]] = ..., history: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class ListJobsRequest(_message.Message):
     __slots__ = ("status", "workflow_name", "limit", "page_token")
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +290,115 @@ class CompleteStepResponse(_message.Message):
     job: Job
     message: str
     def __init__(self, outcome: _Optional[_Union[CompleteStepResponse.Outcome, str]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("outcome", "job", "message")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[CancelJobResponse.Outcome]
+        CANCELLED: _ClassVar[CancelJobResponse.Outcome]
+        CANCEL_REQUESTED: _ClassVar[CancelJobResponse.Outcome]
+        ALREADY_CANCELLED: _ClassVar[CancelJobResponse.Outcome]
+        ALREADY_FINISHED: _ClassVar[CancelJobResponse.Outcome]
+    OUTCOME_UNSPECIFIED: CancelJobResponse.Outcome
+    CANCELLED: CancelJobResponse.Outcome
+    CANCEL_REQUESTED: CancelJobResponse.Outcome
+    ALREADY_CANCELLED: CancelJobResponse.Outcome
+    ALREADY_FINISHED: CancelJobResponse.Outcome
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    outcome: CancelJobResponse.Outcome
+    job: Job
+    message: str
+    def __init__(self, outcome: _Optional[_Union[CancelJobResponse.Outcome, str]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CancelJobsRequest(_message.Message):
+    __slots__ = ("status", "workflow_name", "owner", "created_before", "reason")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    status: Job.Status
+    workflow_name: str
+    owner: str
+    created_before: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, status: _Optional[_Union[Job.Status, str]] = ..., workflow_name: _Optional[str] = ..., owner: _Optional[str] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobsResponse(_message.Message):
+    __slots__ = ("cancelled", "cancel_requested")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    cancel_requested: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cancelled: _Optional[_Iterable[str]] = ..., cancel_requested: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResumeJobRequest(_message.Message):
+    __slots__ = ("job_id", "from_step", "use_current_definition", "request_key", "max_attempts")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    USE_CURRENT_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    from_step: str
+    use_current_definition: bool
+    request_key: str
+    max_attempts: int
+    def __init__(self, job_id: _Optional[str] = ..., from_step: _Optional[str] = ..., use_current_definition: _Optional[bool] = ..., request_key: _Optional[str] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+
+class ResumeJobResponse(_message.Message):
+    __slots__ = ("job", "created")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    created: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ResumeJobsRequest(_message.Message):
+    __slots__ = ("statuses", "workflow_name", "owner", "created_before", "use_current_definition", "request_key", "limit")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    USE_CURRENT_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[Job.Status]
+    workflow_name: str
+    owner: str
+    created_before: _timestamp_pb2.Timestamp
+    use_current_definition: bool
+    request_key: str
+    limit: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[Job.Status, str]]] = ..., workflow_name: _Optional[str] = ..., owner: _Optional[str] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., use_current_definition: _Optional[bool] = ..., request_key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ResumeJobsResponse(_message.Message):
+    __slots__ = ("resumed", "refused")
+    class Refusal(_message.Message):
+        __slots__ = ("job_id", "code", "message")
+        JOB_ID_FIELD_NUMBER: _ClassVar[int]
+        CODE_FIELD_NUMBER: _ClassVar[int]
+        MESSAGE_FIELD_NUMBER: _ClassVar[int]
+        job_id: str
+        code: str
+        message: str
+        def __init__(self, job_id: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    resumed: _containers.RepeatedCompositeFieldContainer[Job]
+    refused: _containers.RepeatedCompositeFieldContainer[ResumeJobsResponse.Refusal]
+    def __init__(self, resumed: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[ResumeJobsResponse.Refusal, _Mapping]]] = ...) -> None: ...
 
 class StoredWorkflow(_message.Message):
     __slots__ = ("name", "definition", "created_at", "updated_at", "version")

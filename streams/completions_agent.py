@@ -1,0 +1,269 @@
+"""The completions agent: ``workflow-step-completions`` into complete-step calls.
+
+A ``StepCompletion`` on the topic is exactly a complete-step call made over
+HTTP: the same ``streams.jobs.Jobs.complete_step``, the same gate under the row
+lock, the same outcomes. Each message is answered with one
+``StepCompletionResult`` on ``workflow-step-completion-results``, keyed by the
+job id and echoing the message's ``request_id``:
+
+* COMPLETED, ALREADY_DONE, REJECTED: the gate's own answers (REJECTED: the
+  response broke the step's rules and the job FAILED with that verdict);
+* WRONG_STATE: the job is not parked on that step;
+* NOT_FOUND: no such job, or not one the completion's principal may reach;
+* INVALID: the value is not a StepCompletion, breaks its rules, or names a
+  response that does not fit the step. The agent answers and moves on.
+
+Who completes: a producer sends no token, so a completion acts as
+``WFJOBS_REQUEST_PRINCIPAL``, or as its own ``principal`` where
+``WFJOBS_TRUST_REQUEST_PRINCIPAL`` is on, exactly as a request submits; it
+reaches only that principal's jobs.
+
+The offset is acknowledged once the result is acknowledged by the broker. A
+store, registry or broker outage is waited out on the same message; a crash
+between the completion and its result replays the message, which then answers
+ALREADY_DONE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from schemas import defaults
+from schemas.contract import StepCompletion, StepCompletionResult, violations
+from schemas.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    WrongState,
+)
+from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage, is_framed
+from store.errors import is_outage
+from streams.backoff import Backoff
+from streams.convert import struct_to_dict
+from streams.jobs import Jobs
+
+if TYPE_CHECKING:
+    import faust
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from faust.types import EventT, StreamT
+
+    from streams.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Outcome = StepCompletionResult.Outcome
+
+# Sends one result (key, value) and returns once the broker acknowledged it.
+Publish = Callable[[bytes, bytes], Awaitable[None]]
+
+# The gate reads the job, then locks it; a job that moved in between is asked again.
+_GATE_TRIES = 3
+
+
+class CompletionHandler:
+    """Turns one completion message into its result; knows nothing of Faust."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        decoder: MessageDecoder[StepCompletion],
+        jobs: Jobs | None = None,
+    ) -> None:
+        self._jobs = jobs if jobs is not None else Jobs(runtime)
+        self._principal = runtime.settings.request_principal
+        self._trust_principal = runtime.settings.trust_request_principal
+        self._decoder = decoder
+
+    def principal_of(self, completion: StepCompletion) -> str:
+        """Whose jobs a completion reaches: the configured principal, or its own
+        where that is trusted (the request topic's rule)."""
+        if self._trust_principal and completion.principal:
+            return completion.principal
+        return self._principal
+
+    async def handle(self, value: bytes | None) -> StepCompletionResult:
+        """One attempt; outages propagate so the caller can wait them out."""
+        try:
+            if is_framed(value or b""):
+                # The writer schema may need the registry: a blocking HTTP call.
+                completion = await asyncio.to_thread(self._decoder.decode, value)
+            else:
+                completion = self._decoder.decode(value)
+        except UndecodableMessage as exc:
+            return _answer(StepCompletion(), Outcome.INVALID, exc.message)
+        problems = violations(completion)
+        if problems:
+            return _answer(completion, Outcome.INVALID, "; ".join(problems))
+        return await self._complete(completion)
+
+    async def _complete(self, completion: StepCompletion) -> StepCompletionResult:
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                result = await self._jobs.complete_step(
+                    job_id=uuid.UUID(completion.job_id),
+                    step_name=completion.step_name,
+                    response=struct_to_dict(completion.response),
+                    owner=self.principal_of(completion),
+                )
+            except NotFound as exc:
+                return _answer(completion, Outcome.NOT_FOUND, exc.message)
+            except WrongState as exc:
+                return _answer(completion, Outcome.WRONG_STATE, exc.message)
+            except FailedPrecondition as exc:
+                if tries < _GATE_TRIES:
+                    continue
+                return _answer(completion, Outcome.WRONG_STATE, exc.message)
+            except InvalidArgument as exc:
+                return _answer(completion, Outcome.INVALID, exc.message)
+            return _answer(completion, Outcome.Value(result.outcome), result.message)
+
+
+def _answer(completion: StepCompletion, outcome: int, message: str) -> StepCompletionResult:
+    return StepCompletionResult(
+        job_id=completion.job_id,
+        step_name=completion.step_name,
+        request_id=completion.request_id,
+        outcome=outcome,  # type: ignore[arg-type]
+        message=message,
+    )
+
+
+class ResultEncoder:
+    """A result as a value of the results topic: framed through the registry when
+    one is configured, plain Protobuf otherwise."""
+
+    def __init__(
+        self, registry: SchemaRegistryClient | None, topic: str, *, auto_register: bool = True
+    ) -> None:
+        self._framer = (
+            ProtobufFramer(StepCompletionResult, registry, topic, auto_register=auto_register)
+            if registry is not None
+            else None
+        )
+
+    async def encode(self, result: StepCompletionResult) -> bytes:
+        if self._framer is None:
+            return result.SerializeToString(deterministic=True)
+        # The first frame registers (or looks up) the schema: a blocking HTTP call.
+        return await asyncio.to_thread(self._framer.frame_message, result)
+
+
+async def answer_until_done(
+    handler: CompletionHandler,
+    encoder: ResultEncoder,
+    publish: Publish,
+    value: bytes | None,
+    *,
+    base_s: float = 0.2,
+    cap_s: float = 30.0,
+    max_defects: int = 3,
+) -> StepCompletionResult:
+    """Handle ``value`` and publish its result, waiting out outages.
+
+    An error that is not an outage is retried a few times and then answered
+    INVALID with the error, so one message cannot stall its partition.
+    """
+    backoff = Backoff(base_s, max(base_s, cap_s))
+    defects = 0
+    result: StepCompletionResult | None = None
+    while True:
+        try:
+            if result is None:
+                if defects >= max_defects:
+                    result = _answer(
+                        StepCompletion(), Outcome.INVALID, "internal error while completing"
+                    )
+                else:
+                    result = await handler.handle(value)
+            key = result.job_id.encode() if result.job_id else b""
+            await publish(key, await encoder.encode(result))
+            return result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            pause = backoff.next()
+            if is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted):
+                log.warning(
+                    "completion not answered (%s: %s); retrying in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    pause,
+                )
+            else:
+                defects += 1
+                log.exception("completion not answered; retrying in %.1fs", pause)
+        await asyncio.sleep(pause)
+
+
+def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
+    """Attach the agent consuming the completions topic to ``app``."""
+    settings = runtime.settings
+    declared: dict[str, Any] = {}
+    if settings.create_topics:
+        declared = {
+            "internal": True,
+            "partitions": settings.topic_partitions,
+            "replicas": settings.topic_replicas,
+        }
+    completions = app.topic(
+        settings.completions_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        allow_empty=True,
+        **declared,
+    )
+    registry = settings.open_registry()
+    handler = CompletionHandler(
+        runtime,
+        decoder=MessageDecoder(StepCompletion, registry, topic=settings.completions_topic),
+    )
+    encoder = ResultEncoder(
+        registry,
+        settings.completion_results_topic,
+        auto_register=settings.schema_registry_auto_register,
+    )
+
+    async def publish(key: bytes, value: bytes) -> None:
+        await app.producer.send_and_wait(
+            settings.completion_results_topic, key or None, value, None, None, None
+        )
+
+    async def consume(stream: StreamT[bytes]) -> None:
+        if settings.create_topics:
+            await app.topic(settings.completion_results_topic, **declared).maybe_declare()
+        await runtime.wait_ready()
+        # Manual acks, as the request agent: only a published result moves the offset.
+        manual = cast(Any, stream).noack()
+        event: EventT[bytes]
+        async for event in manual.events():
+            value = event.value if isinstance(event.value, bytes) else None
+            result = await answer_until_done(
+                handler, encoder, publish, value, cap_s=settings.store_retry_max_s
+            )
+            log.debug(
+                "completion at offset %s: %s",
+                event.message.offset,
+                Outcome.Name(result.outcome),
+            )
+            await manual.ack(event)
+
+    app.agent(completions, name=defaults.COMPLETIONS_TOPIC)(consume)
+
+
+__all__ = [
+    "CompletionHandler",
+    "ResultEncoder",
+    "answer_until_done",
+    "register_completions_agent",
+]

@@ -1,0 +1,118 @@
+"""Completions from the topic, decided in-process on a real Postgres.
+
+The Faust agent around ``CompletionHandler`` only feeds it values, publishes
+the answers and acks; the end-to-end test runs it against a real broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from schemas.contract import StepCompletion, StepCompletionResult
+from schemas.errors import Unavailable
+from schemas.serde import MessageDecoder
+from streams.completions_agent import CompletionHandler, ResultEncoder, answer_until_done
+from streams.runtime import Runtime
+from tests.integration.streams.conftest import parked_job, put_workflow
+
+App = tuple[TestClient[Any, Any], Runtime]
+Outcome = StepCompletionResult.Outcome
+
+
+def completion(
+    job_id: str, *, step: str = "review", principal: str = "tester", **response: Any
+) -> bytes:
+    message = StepCompletion(
+        job_id=job_id, step_name=step, principal=principal, request_id=f"req-{step}"
+    )
+    message.response.update(response or {"approved": True, "reviewer": "ann"})
+    return message.SerializeToString()
+
+
+@pytest.fixture
+def handler(app: App) -> CompletionHandler:
+    _, runtime = app
+    return CompletionHandler(runtime, decoder=MessageDecoder(StepCompletion, topic="t"))
+
+
+async def _parked(app: App, text: str = "please review") -> str:
+    client, runtime = app
+    await put_workflow(client)
+    return await parked_job(client, runtime, text)
+
+
+async def test_a_completion_completes_once_then_answers_already_done(
+    app: App, handler: CompletionHandler
+) -> None:
+    _, runtime = app
+    job_id = await _parked(app)
+    first = await handler.handle(completion(job_id))
+    assert (first.outcome, first.job_id, first.step_name, first.request_id) == (
+        Outcome.COMPLETED,
+        job_id,
+        "review",
+        "req-review",
+    )
+    job = await runtime.require_runs().get(job_id)
+    assert job.status == "QUEUED" and job.checkpoints[-1]["name"] == "review"
+    again = await handler.handle(completion(job_id))
+    assert again.outcome == Outcome.ALREADY_DONE, again
+
+
+async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
+    job_id = await _parked(app)
+    garbage = await handler.handle(b"\xff\xfe not a protobuf message")
+    assert garbage.outcome == Outcome.INVALID and "StepCompletion" in garbage.message
+
+    bad_id = await handler.handle(completion("not-a-uuid"))
+    assert bad_id.outcome == Outcome.INVALID and "job_id" in bad_id.message
+
+    empty = await handler.handle(None)
+    assert empty.outcome == Outcome.INVALID
+
+    wrong_step = await handler.handle(completion(job_id, step="nope"))
+    assert wrong_step.outcome == Outcome.WRONG_STATE and "not WAITING on step 'nope'" in (
+        wrong_step.message
+    )
+
+    done_step = await handler.handle(completion(job_id, step="embed"))
+    assert done_step.outcome == Outcome.ALREADY_DONE
+
+    misfit = await handler.handle(completion(job_id, approved="perhaps"))
+    assert misfit.outcome == Outcome.INVALID and "approved" in misfit.message
+
+    nobody = await handler.handle(completion(str(uuid.uuid4())))
+    assert nobody.outcome == Outcome.NOT_FOUND
+
+    stranger = await handler.handle(completion(job_id, principal="mallory"))
+    assert stranger.outcome == Outcome.NOT_FOUND
+
+    rejected = await handler.handle(completion(job_id, approved=False, reviewer="bob"))
+    assert rejected.outcome == Outcome.REJECTED
+
+
+async def test_the_result_is_published_and_an_outage_is_waited_out(
+    app: App, handler: CompletionHandler
+) -> None:
+    job_id = await _parked(app)
+    sent: list[tuple[bytes, bytes]] = []
+    failures = [Unavailable("the broker is away")]
+
+    async def publish(key: bytes, value: bytes) -> None:
+        if failures:
+            raise failures.pop()
+        sent.append((key, value))
+
+    result = await answer_until_done(
+        handler, ResultEncoder(None, "results"), publish, completion(job_id), base_s=0.01
+    )
+    assert result.outcome == Outcome.COMPLETED
+    # The store changed once; the answer was published once the broker was back.
+    assert len(sent) == 1 and sent[0][0] == job_id.encode()
+    published = StepCompletionResult()
+    published.ParseFromString(sent[0][1])
+    assert published == result

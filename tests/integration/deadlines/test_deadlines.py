@@ -1,0 +1,202 @@
+"""Whole-job deadlines and step timeouts, enforced by the sweeper on the database's clock.
+
+Rows are judged at a later instant (``now=``) or their deadlines moved into
+the past, instead of waiting for time to pass.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from schemas.contract import EventType, decode_event
+from schemas.errors import LeaseLost
+from store.outbox import Outbox
+from store.records import ClaimedJob
+from store.runs import RunStore
+from streams.runtime import Runtime
+from streams.sweeper import Sweeper
+from tests.workflows_fixtures import tokenize_ids
+
+App = tuple[TestClient[Any, Any], Runtime]
+
+
+async def _submit(client: TestClient[Any, Any], name: str, **extra: Any) -> dict[str, Any]:
+    response = await client.post(
+        "/v1/workflow-runs", json={"workflow_name": name, "input": {"text": "hello"}, **extra}
+    )
+    assert response.status == 201, await response.text()
+    job: dict[str, Any] = (await response.json())["job"]
+    return job
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+async def _claim(runs: RunStore, job_id: str) -> ClaimedJob:
+    claimed = await runs.claim("deadline-test")
+    assert claimed is not None and str(claimed.job.job_id) == job_id
+    return claimed
+
+
+async def _park(runs: RunStore, job_id: str) -> ClaimedJob:
+    """Drive ``job_id`` to WAITING on its review step, as a worker's segment would."""
+    claimed = await _claim(runs, job_id)
+    ids = tokenize_ids("hello")
+    await runs.checkpoint(
+        claimed.lease,
+        {"name": "tokenize", "skipped": False, "response": {"ids": ids, "count": len(ids)}},
+    )
+    await runs.checkpoint(
+        claimed.lease,
+        {"name": "embed", "skipped": False, "response": {"vector": [0.5], "dimensions": 1}},
+    )
+    await runs.park(
+        claimed.lease,
+        "review",
+        request={"text": "hello", "dimensions": 1},
+        timeout_ms=60_000,
+    )
+    return claimed
+
+
+async def _events(runtime: Runtime, job_id: str) -> list[Any]:
+    outbox = Outbox(runtime.require_runs().pool)
+    return [decode_event(record.payload) for record in await outbox.events_for(uuid.UUID(job_id))]
+
+
+def _type(event: Any) -> str:
+    return str(EventType.Name(event.type)).removeprefix("TYPE_")
+
+
+async def test_submit_takes_its_own_deadline_or_the_definitions(app: App) -> None:
+    client, _ = app
+    own = await _submit(client, "job-deadline", deadline_ms=2000)
+    assert _time(own["deadline"]) - _time(own["created_at"]) == timedelta(seconds=2)
+    by_definition = await _submit(client, "job-deadline")
+    assert _time(by_definition["deadline"]) - _time(by_definition["created_at"]) == timedelta(
+        minutes=10
+    )
+    none = await _submit(client, "timed")
+    assert "deadline" not in none
+
+    refused = await client.post(
+        "/v1/workflow-runs",
+        json={"workflow_name": "timed", "input": {"text": "x"}, "deadline_ms": -1},
+    )
+    assert refused.status == 400
+    assert "deadline_ms" in (await refused.json())["message"]
+
+
+async def test_a_job_deadline_fails_queued_running_and_waiting_jobs(app: App) -> None:
+    client, runtime = app
+    runs = runtime.require_runs()
+    waiting = (await _submit(client, "timed", deadline_ms=60_000))["job_id"]
+    await _park(runs, waiting)
+    running = (await _submit(client, "timed", deadline_ms=60_000))["job_id"]
+    held = await _claim(runs, running)
+    queued = (await _submit(client, "timed", deadline_ms=60_000))["job_id"]
+    spared = (await _submit(client, "timed", deadline_ms=3_600_000))["job_id"]
+
+    before = await runs.sweep_deadlines(now=held.job.claimed_at)
+    assert before.job_deadlines == 0
+
+    later = held.job.claimed_at + timedelta(minutes=5)  # type: ignore[operator]
+    swept = await runs.sweep_deadlines(now=later)
+    assert (swept.job_deadlines, swept.step_timeouts, swept.fallbacks) == (3, 0, 0)
+    for job_id, was in ((queued, "QUEUED"), (running, "RUNNING"), (waiting, "WAITING")):
+        job = await runs.get(job_id)
+        assert job.status == "FAILED", job
+        assert job.error is not None and "deadline passed" in job.error and was in job.error
+        failed = (await _events(runtime, job_id))[-1]
+        assert _type(failed) == "FAILED" and failed.deadline == "job"
+        assert failed.error == job.error
+    assert (await runs.get(spared)).status == "QUEUED"
+
+    # The worker that held the RUNNING job finds its lease gone at its next write.
+    with pytest.raises(LeaseLost):
+        await runs.checkpoint(
+            held.lease, {"name": "tokenize", "skipped": False, "response": {"ids": [1]}}
+        )
+    # Its attempt ended in the history as DEADLINE_PASSED; the others held none.
+    history = await runs.history.attempts(uuid.UUID(running))
+    assert [(a.outcome, a.worker, a.error_class) for a in history] == [
+        ("DEADLINE_PASSED", "deadline-test", "deadline")
+    ]
+    assert [a.outcome for a in await runs.history.attempts(uuid.UUID(queued))] == []
+
+    # Settled once: a second pass finds nothing.
+    again = await runs.sweep_deadlines(now=later)
+    assert (again.job_deadlines, again.step_timeouts) == (0, 0)
+
+
+async def test_the_waiting_event_and_get_job_carry_the_review_request_and_step_deadline(
+    app: App,
+) -> None:
+    client, runtime = app
+    job_id = (await _submit(client, "timed"))["job_id"]
+    await _park(runtime.require_runs(), job_id)
+    shown = (await (await client.get(f"/v1/workflow-runs/{job_id}")).json())["job"]
+    assert shown["status"] == "WAITING"
+    assert shown["review_request"] == {"text": "hello", "dimensions": 1}
+    assert _time(shown["step_deadline"]) > _time(shown["created_at"])
+    waiting = (await _events(runtime, job_id))[-1]
+    assert _type(waiting) == "WAITING" and waiting.step_name == "review"
+    assert dict(waiting.review_request) == {"text": "hello", "dimensions": 1.0}
+
+
+async def test_a_step_timeout_fails_the_job_naming_the_step(app: App) -> None:
+    client, runtime = app
+    runs = runtime.require_runs()
+    job_id = (await _submit(client, "timed"))["job_id"]
+    await _park(runs, job_id)
+    job = await runs.get(job_id)
+    assert job.step_deadline_at is not None
+
+    early = await runs.sweep_deadlines(now=job.step_deadline_at - timedelta(seconds=1))
+    assert early.step_timeouts == 0
+    swept = await runs.sweep_deadlines(now=job.step_deadline_at)
+    assert swept.step_timeouts == 1
+
+    failed_job = await runs.get(job_id)
+    assert failed_job.status == "FAILED"
+    assert failed_job.error is not None and "step 'review'" in failed_job.error
+    failed = (await _events(runtime, job_id))[-1]
+    assert _type(failed) == "FAILED"
+    assert (failed.deadline, failed.step_name) == ("step", "review")
+
+
+async def test_a_step_timeout_takes_the_declared_fallback_through_the_sweeper(
+    app: App,
+) -> None:
+    client, runtime = app
+    runs = runtime.require_runs()
+    job_id = (await _submit(client, "fallback"))["job_id"]
+    await _park(runs, job_id)
+    # The database's clock, with the step's deadline moved into the past.
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET step_deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    sweeper = Sweeper(runs, interval_s=60, fallback_of=runtime.step_fallback)
+    await sweeper.sweep_once()
+    assert sweeper.deadlines.fallbacks == 1
+
+    job = await runs.get(job_id)
+    assert job.status == "QUEUED" and job.outstanding_step is None
+    assert job.step_deadline_at is None and job.attempt == 0
+    assert job.checkpoints[-1] == {
+        "name": "review",
+        "skipped": False,
+        "response": {"approved": True, "reviewer": "nobody came", "note": ""},
+    }
+    checkpoint = (await _events(runtime, job_id))[-1]
+    assert _type(checkpoint) == "STEP_CHECKPOINT" and checkpoint.step_name == "review"
+    assert sweeper.health().detail["step_fallbacks_taken"] == 1

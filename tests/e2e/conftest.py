@@ -26,6 +26,8 @@ async def stack(
         "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
         "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),
         "events": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-events"),
+        "completions": new_topic(kafka_bootstrap, 1, prefix="e2e-completions"),
+        "completion_results": new_topic(kafka_bootstrap, 1, prefix="e2e-completion-results"),
     }
     pool = await open_pool(dsn, min_size=1, max_size=4)
     built = Stack(dsn=dsn, bootstrap=kafka_bootstrap, topics=topics, tmp=tmp_path, pool=pool)

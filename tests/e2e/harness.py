@@ -120,14 +120,10 @@ class Stack:
         self.requests_topic = topics["requests"]
         self.dlq_topic = topics["dlq"]
         self.events_topic = topics["events"]
-        # Completions get a topic of the stack's own, so no other stack's worker
-        # answers them (a worker creates it when the stack's broker lets it).
-        self.completions_topic = topics.get(
-            "completions", f"e2e-completions-{uuid.uuid4().hex[:10]}"
-        )
-        self.completion_results_topic = topics.get(
-            "completion_results", f"e2e-completion-results-{uuid.uuid4().hex[:10]}"
-        )
+        # Topics of the stack's own, made before a worker subscribes: a topic the
+        # broker creates later changes the group's metadata and rebalances it.
+        self.completions_topic = topics["completions"]
+        self.completion_results_topic = topics["completion_results"]
         self.group = f"e2e-{uuid.uuid4().hex[:10]}"
         # confluent-kafka's mock registry lives inside one process. Every process
         # that opens it through schemas.serde.open_registry registers the
@@ -137,6 +133,8 @@ class Stack:
             self.registry_url,
             events_topic=self.events_topic,
             requests_topic=self.requests_topic,
+            completions_topic=self.completions_topic,
+            completion_results_topic=self.completion_results_topic,
         )
         self.tmp = tmp
         self.calls_path = tmp / "calls.log"

@@ -61,6 +61,9 @@ async def cancel_stack(
         "requests": f"e2e-cancel-requests-{suffix}",
         "dlq": f"e2e-cancel-dlq-{suffix}",
         "events": f"e2e-cancel-events-{suffix}",
+        # Made by the worker (WFJOBS_CREATE_TOPICS) before it subscribes.
+        "completions": f"e2e-cancel-completions-{suffix}",
+        "completion_results": f"e2e-cancel-completion-results-{suffix}",
     }
     pool = await open_pool(dsn, min_size=1, max_size=4)
     stack = Stack(

@@ -69,17 +69,8 @@ def _create_topics(bootstrap: str, *specs: tuple[str, int]) -> dict[str, str]:
 
 
 class DeadlineStack(Stack):
-    completions_topic: str
-    results_topic: str
     paused: WorkerProcess
     claiming: WorkerProcess | None = None
-
-    @property
-    def completion_settings(self) -> dict[str, str]:
-        return {
-            "WFJOBS_COMPLETIONS_TOPIC": self.completions_topic,
-            "WFJOBS_COMPLETION_RESULTS_TOPIC": self.results_topic,
-        }
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +97,14 @@ async def stack(
             "requests": topics["e2e-requests"],
             "dlq": topics["e2e-requests-dlq"],
             "events": topics["e2e-events"],
+            "completions": topics["e2e-completions"],
+            "completion_results": topics["e2e-completion-results"],
         },
         tmp=tmp_path_factory.mktemp("deadlines"),
         pool=pool,
     )
-    built.completions_topic = topics["e2e-completions"]
-    built.results_topic = topics["e2e-completion-results"]
     try:
-        built.paused = await built.start_worker(
-            "paused", WFJOBS_CLAIM_LOOPS="0", **built.completion_settings
-        )
+        built.paused = await built.start_worker("paused", WFJOBS_CLAIM_LOOPS="0")
         for workflow in (TIMED, REVIEWED):
             await built.put_workflow(built.paused, workflow)
         yield built
@@ -128,7 +117,7 @@ async def stack(
 
 @pytest.fixture(scope="module")
 async def claimer(stack: DeadlineStack) -> WorkerProcess:
-    stack.claiming = await stack.start_worker("claimer", **stack.completion_settings)
+    stack.claiming = await stack.start_worker("claimer")
     return stack.claiming
 
 
@@ -223,10 +212,10 @@ async def test_the_review_request_travels_and_completions_come_from_the_topic(
         events_topic=stack.events_topic,
         requests_topic=stack.requests_topic,
         completions_topic=stack.completions_topic,
-        completion_results_topic=stack.results_topic,
+        completion_results_topic=stack.completion_results_topic,
     )
-    decoder = MessageDecoder(StepCompletionResult, registry, topic=stack.results_topic)
-    messages = read_dlq(stack.bootstrap, stack.results_topic, 1, count=2, timeout_s=30)
+    decoder = MessageDecoder(StepCompletionResult, registry, topic=stack.completion_results_topic)
+    messages = read_dlq(stack.bootstrap, stack.completion_results_topic, 1, count=2, timeout_s=30)
     results = [decoder.decode(message.value()) for message in messages]
     assert [(r.request_id, r.outcome) for r in results] == [
         ("first", Outcome.COMPLETED),

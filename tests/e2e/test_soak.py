@@ -91,6 +91,8 @@ async def soak_stack(
         "requests": new_topic(bootstrap, PARTITIONS, prefix="soak-requests"),
         "dlq": new_topic(bootstrap, 1, prefix="soak-requests-dlq"),
         "events": new_topic(bootstrap, PARTITIONS, prefix="soak-events"),
+        "completions": new_topic(bootstrap, 1, prefix="soak-completions"),
+        "completion_results": new_topic(bootstrap, 1, prefix="soak-completion-results"),
     }
     pool = await open_pool(dsn, min_size=1, max_size=4, timeout_s=3.0)
     built = Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp_path, pool=pool)

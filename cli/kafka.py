@@ -73,7 +73,9 @@ def _client_config(settings: Settings) -> tuple[dict[str, Any], _Refusals]:
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     settings = settings_from_env()
     request = WorkflowRunRequest(
-        job_id=job_id_argument(args.job_id), workflow_name=args.workflow_name
+        job_id=job_id_argument(args.job_id),
+        workflow_name=args.workflow_name,
+        deadline_ms=args.deadline_ms,
     )
     request.input.update(json_object(args.input, "--input"))
     check_incoming(request)

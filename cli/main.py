@@ -99,6 +99,8 @@ def cmd_submit(args: argparse.Namespace, out: Output) -> int:
         body["workflow_name"] = args.workflow_name
     if args.max_attempts:
         body["max_attempts"] = args.max_attempts
+    if args.deadline_ms:
+        body["deadline_ms"] = args.deadline_ms
     answer = ApiClient(args.url).call("POST", "/v1/workflow-runs", body)
 
     def render(answer: dict[str, Any]) -> None:
@@ -598,6 +600,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("--job-id", help="a UUID, the idempotency key (default: a new one)")
     submit.add_argument("--max-attempts", type=int, default=0, help="0 uses the server default")
+    submit.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=0,
+        help="a whole-job deadline from now, queue wait included (0: the definition's, if any)",
+    )
 
     get = add("get", cmd_get, "show one job with its checkpoints and attempt history")
     get.add_argument("job_id")
@@ -716,6 +724,12 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--workflow-name", required=True)
     produce.add_argument("--input", required=True, help="a JSON object (or @file, or -)")
     produce.add_argument("--job-id", help="a UUID (default: a new one)")
+    produce.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=0,
+        help="a whole-job deadline from submission (0: the definition's, if any)",
+    )
     produce.add_argument("--timeout", type=float, default=30.0, help="delivery timeout, seconds")
 
     produce_completion = add(

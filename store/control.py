@@ -49,7 +49,7 @@ from store.definitions import validate_workflow_name
 from store.pool import Pool
 from store.records import Job, Lease
 from store.run_sql import LOCK_JOB_SQL, SELECT_JOB_SQL
-from store.runs import RunStore, _job
+from store.runs import RunStore, job_from_row
 from store.states import TERMINAL, Status, parse_status
 
 # =========================================================================== cancel
@@ -156,7 +156,7 @@ class ControlStore:
                 ).fetchall()
                 return CancelResult(
                     "CANCEL_REQUESTED",
-                    _job(rows[0]),
+                    job_from_row(rows[0]),
                     f"job {job_id} is RUNNING on {job.lease_owner}; it stops within a "
                     "heartbeat and is settled CANCELLED",
                 )
@@ -173,7 +173,9 @@ class ControlStore:
                 )
             ).fetchall()
         was = job.status.value
-        return CancelResult("CANCELLED", _job(rows[0]), f"job {job_id} was {was}; now CANCELLED")
+        return CancelResult(
+            "CANCELLED", job_from_row(rows[0]), f"job {job_id} was {was}; now CANCELLED"
+        )
 
     async def cancel_many(self, which: CancelFilter, *, reason: str = "") -> BulkCancelResult:
         """Cancel every live job ``which`` names, ``CANCEL_BATCH`` rows per transaction."""
@@ -344,7 +346,7 @@ class ControlStore:
                 existing = await cursor.fetchone()
                 if existing is None:
                     raise NotFound(f"job {job_id}, which resumed job {original.job_id}, is gone")
-                return Resumed(_job(existing), created=False)
+                return Resumed(job_from_row(existing), created=False)
             if Status(status) not in RESUMABLE:
                 raise not_resumable(original.job_id, status)
             cursor = await conn.execute(
@@ -367,7 +369,7 @@ class ControlStore:
                     f"job id {job_id} (made from job {original.job_id} and the request key) "
                     "is taken by a job that does not resume it; resume with another request key"
                 )
-        return Resumed(replace(_job(row), definition=definition), created=True)
+        return Resumed(replace(job_from_row(row), definition=definition), created=True)
 
     async def resumable(
         self,
@@ -416,7 +418,7 @@ def _terminal(job: Job) -> CancelResult:
 
 async def _locked(conn: AsyncConnection[TupleRow], job_id: UUID, owner: str | None) -> Job:
     row = await (await conn.execute(LOCK_JOB_SQL, {"job_id": job_id})).fetchone()
-    job = _job(row) if row is not None else None
+    job = job_from_row(row) if row is not None else None
     if job is None or (owner is not None and job.owner != owner):
         raise NotFound(f"job {job_id} not found")
     return job

@@ -10,7 +10,13 @@ statement, and nothing when the row did not match.
 from __future__ import annotations
 
 from store.history_sql import ErrorClass, Outcome, attempt_insert, error_class_literal
-from store.run_sql import _COLUMNS, LEASE_FENCE, SNAPSHOT_LOCK_CLASS, _job_columns, _lit
+from store.run_sql import (
+    LEASE_FENCE,
+    PLAIN_COLUMNS,
+    SNAPSHOT_LOCK_CLASS,
+    job_columns,
+    status_literal,
+)
 from store.states import Status, transition
 
 # =========================================================================== cancel
@@ -20,8 +26,8 @@ CANCEL_WAITING = transition(Status.WAITING, Status.CANCELLED)
 CANCEL_RUNNING = transition(Status.RUNNING, Status.CANCELLED)
 
 # The statuses a cancel acts on: cancelled at once, or asked of the worker.
-_AT_ONCE = f"{_lit(CANCEL_QUEUED[0])}, {_lit(CANCEL_WAITING[0])}"
-_LIVE = f"{_AT_ONCE}, {_lit(CANCEL_RUNNING[0])}"
+_AT_ONCE = f"{status_literal(CANCEL_QUEUED[0])}, {status_literal(CANCEL_WAITING[0])}"
+_LIVE = f"{_AT_ONCE}, {status_literal(CANCEL_RUNNING[0])}"
 
 # A QUEUED or WAITING job has no worker: it is CANCELLED here, with its event.
 # The caller holds the rows' locks (it read their status to build the events),
@@ -32,16 +38,16 @@ WITH asked AS (
     SELECT * FROM unnest(%(job_ids)s::uuid[], %(payloads)s::bytea[]) AS asked(job_id, payload)
 ), changed AS (
     UPDATE workflow_run AS r
-       SET status = {_lit(CANCEL_QUEUED[1])}, cancel_requested_at = now(),
+       SET status = {status_literal(CANCEL_QUEUED[1])}, cancel_requested_at = now(),
            cancel_reason = %(reason)s, updated_at = now()
       FROM asked
      WHERE r.job_id = asked.job_id AND r.status IN ({_AT_ONCE})
-    RETURNING {_job_columns("r")}
+    RETURNING {job_columns("r")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT asked.job_id, %(event_type)s, asked.payload FROM asked JOIN changed USING (job_id)
 )
-SELECT {_COLUMNS} FROM changed
+SELECT {PLAIN_COLUMNS} FROM changed
 """
 
 # A RUNNING job is its worker's: the request is recorded, the worker reads it
@@ -50,9 +56,9 @@ SELECT {_COLUMNS} FROM changed
 REQUEST_CANCEL_SQL = f"""
 UPDATE workflow_run AS r
    SET cancel_requested_at = now(), cancel_reason = %(reason)s, updated_at = now()
- WHERE r.job_id = ANY(%(job_ids)s::uuid[]) AND r.status = {_lit(CANCEL_RUNNING[0])}
+ WHERE r.job_id = ANY(%(job_ids)s::uuid[]) AND r.status = {status_literal(CANCEL_RUNNING[0])}
    AND r.cancel_requested_at IS NULL
-RETURNING {_job_columns("r")}
+RETURNING {job_columns("r")}
 """
 
 # What the worker's settle reads under the row lock: the row must still be
@@ -74,7 +80,7 @@ def _settle_running(where: str, source: str) -> str:
     return f"""
 WITH {source}, changed AS (
     UPDATE workflow_run AS r
-       SET status = {_lit(CANCEL_RUNNING[1])}, lease_until = NULL, updated_at = now()
+       SET status = {status_literal(CANCEL_RUNNING[1])}, lease_until = NULL, updated_at = now()
       FROM asked
      WHERE {where}
     RETURNING {", ".join(f"r.{column}" for column in _ENDED.split(", "))}
@@ -110,7 +116,7 @@ _SWEEP_NOW = "coalesce(%(now)s::timestamptz, now())"
 # could not reach the store): nobody else will settle them.
 SELECT_CANCEL_ABANDONED_SQL = f"""
 SELECT job_id, workflow_name, attempt, cancel_reason FROM workflow_run
- WHERE status = {_lit(CANCEL_RUNNING[0])} AND cancel_requested_at IS NOT NULL
+ WHERE status = {status_literal(CANCEL_RUNNING[0])} AND cancel_requested_at IS NOT NULL
    AND lease_until < {_SWEEP_NOW}
  ORDER BY lease_until
  LIMIT %(limit)s
@@ -118,7 +124,7 @@ SELECT job_id, workflow_name, attempt, cancel_reason FROM workflow_run
 """
 
 SWEEP_CANCELLED_SQL = _settle_running(
-    f"r.job_id = asked.job_id AND r.status = {_lit(CANCEL_RUNNING[0])}"
+    f"r.job_id = asked.job_id AND r.status = {status_literal(CANCEL_RUNNING[0])}"
     " AND r.cancel_requested_at IS NOT NULL",
     "asked AS (SELECT * FROM unnest(%(job_ids)s::uuid[], %(payloads)s::bytea[])"
     " AS asked(job_id, payload))",
@@ -177,7 +183,8 @@ WITH snapshot_lock AS (
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status, attempt,
                               max_attempts, run_after, owner, checkpoints, resumed_from)
-    SELECT %(job_id)s, o.workflow_name, %(definition_hash)s, o.input, {_lit(Status.QUEUED)}, 0,
+    SELECT %(job_id)s, o.workflow_name, %(definition_hash)s, o.input,
+           {status_literal(Status.QUEUED)}, 0,
            coalesce(%(max_attempts)s, o.max_attempts), now(), %(owner)s,
            coalesce((SELECT jsonb_agg(kept.entry ORDER BY kept.position)
                        FROM jsonb_array_elements(o.checkpoints)
@@ -187,7 +194,7 @@ WITH snapshot_lock AS (
       FROM workflow_run AS o, snapshot_lock
      WHERE o.job_id = %(original_id)s
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
+    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
 ), linked AS (
     UPDATE workflow_run AS o
        SET resumed_by = inserted.job_id
@@ -199,7 +206,7 @@ WITH snapshot_lock AS (
     UNION ALL
     SELECT resumed_from, 'RESUMED', %(resumed_payload)s FROM inserted
 )
-SELECT {_COLUMNS} FROM inserted
+SELECT {PLAIN_COLUMNS} FROM inserted
 """
 
 

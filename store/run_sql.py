@@ -49,10 +49,10 @@ JOB_COLUMNS = (
     "claimed_at",
 )
 # Plain names, for reading a CTE that returned a job's columns.
-_COLUMNS = ", ".join(JOB_COLUMNS)
+PLAIN_COLUMNS = ", ".join(JOB_COLUMNS)
 
 
-def _job_columns(table: str, *, definition: str = "") -> str:
+def job_columns(table: str, *, definition: str = "") -> str:
     """The ``Job`` columns read from ``table``, the definition through its hash.
 
     A row holds no definition, only the hash of its snapshot (migration 0008):
@@ -95,7 +95,7 @@ SUMMARY_COLUMNS = (
 SNAPSHOT_LOCK_CLASS = 0x77666A08
 
 
-def _lit(status: str) -> str:
+def status_literal(status: str) -> str:
     # Statuses are inlined rather than bound: a partial index (the claim's is
     # WHERE status = QUEUED) can only serve a plan that sees the literal.
     return f"'{Status(status).value}'"
@@ -115,7 +115,7 @@ REJECT = transition(Status.WAITING, Status.FAILED)
 # The fence every write a worker makes names: its lease. Fenced writes only ever
 # touch a RUNNING row, as the lease exists only there.
 LEASE_FENCE = (
-    f"job_id = %(job_id)s AND status = {_lit(Status.RUNNING)}"
+    f"job_id = %(job_id)s AND status = {status_literal(Status.RUNNING)}"
     " AND lease_owner = %(worker_id)s AND attempt = %(attempt)s AND lease_token = %(token)s"
 )
 # Once an operator asked to cancel the job, its worker may still renew the lease
@@ -152,14 +152,14 @@ WITH snapshot_lock AS (
             %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s,
             now() + %(deadline_ms)s::bigint * interval '1 millisecond')
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING {_job_columns("workflow_run", definition="NULL::jsonb")}
+    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id, %(event_type)s, %(payload)s FROM inserted
 )
-SELECT true, {_COLUMNS} FROM inserted
+SELECT true, {PLAIN_COLUMNS} FROM inserted
 UNION ALL
-SELECT false, {_job_columns("workflow_run")} FROM workflow_run
+SELECT false, {job_columns("workflow_run")} FROM workflow_run
  WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
 """
 
@@ -182,13 +182,13 @@ CLAIM_PLANNER_SQL = "SET LOCAL enable_sort = off"
 CLAIM_SQL = f"""
 WITH picked AS (
     SELECT job_id FROM workflow_run
-     WHERE status = {_lit(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
+     WHERE status = {status_literal(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
      ORDER BY run_after, created_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_run AS r
-   SET status = {_lit(CLAIM[1])},
+   SET status = {status_literal(CLAIM[1])},
        lease_owner = %(worker_id)s,
        lease_until = now() + %(lease_s)s * interval '1 second',
        attempt = r.attempt + 1,
@@ -198,7 +198,7 @@ UPDATE workflow_run AS r
        updated_at = now()
   FROM picked
  WHERE r.job_id = picked.job_id
-RETURNING {_job_columns("r")}, r.lease_token
+RETURNING {job_columns("r")}, r.lease_token
 """
 
 # --------------------------------------------------------------------------- fenced writes
@@ -252,7 +252,7 @@ RETURNING id
 PARK_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(PARK[1])}, outstanding_step = %(step_name)s, lease_until = NULL,
+       SET status = {status_literal(PARK[1])}, outstanding_step = %(step_name)s, lease_until = NULL,
            review_request = %(review_request)s,
            step_deadline_at = now() + %(timeout_ms)s::bigint * interval '1 millisecond',
            updated_at = now()
@@ -269,7 +269,7 @@ RETURNING id
 COMPLETE_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(COMPLETE[1])}, result = %(result)s, verdict = %(verdict)s,
+       SET status = {status_literal(COMPLETE[1])}, result = %(result)s, verdict = %(verdict)s,
            error = NULL, outstanding_step = NULL, lease_until = NULL,
            updated_at = now()
      WHERE {_FENCE}
@@ -292,8 +292,8 @@ _FAILED_ENDS = attempt_insert(
 FAIL_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(FAIL[1])}, verdict = %(verdict)s, error = %(error)s, lease_until = NULL,
-           updated_at = now()
+       SET status = {status_literal(FAIL[1])}, verdict = %(verdict)s, error = %(error)s,
+           lease_until = NULL, updated_at = now()
      WHERE {_FENCE}
     RETURNING {ENDED_COLUMNS}
 ), ended AS (
@@ -311,18 +311,18 @@ RETURNING id
 # clock, see ``RunStore.retry_or_die``) and the row takes that same instant.
 _RETRY_OR_DIE_ENDS = attempt_insert(
     "changed",
-    f"CASE WHEN changed.status = {_lit(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
+    f"CASE WHEN changed.status = {status_literal(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
     f" ELSE '{Outcome.RETRY_SCHEDULED}' END",
     worker="%(worker_id)s",
     error="%(error)s",
     error_class="%(error_class)s",
-    next_run_at=f"CASE WHEN changed.status = {_lit(RETRY[1])} THEN changed.run_after END",
+    next_run_at=f"CASE WHEN changed.status = {status_literal(RETRY[1])} THEN changed.run_after END",
 )
 RETRY_OR_DIE_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = CASE WHEN attempt < max_attempts
-                         THEN {_lit(RETRY[1])} ELSE {_lit(GIVE_UP[1])} END,
+                         THEN {status_literal(RETRY[1])} ELSE {status_literal(GIVE_UP[1])} END,
            run_after = CASE WHEN attempt < max_attempts
                             THEN %(next_run_at)s::timestamptz ELSE run_after END,
            lease_owner = CASE WHEN attempt < max_attempts THEN NULL ELSE lease_owner END,
@@ -336,8 +336,10 @@ WITH changed AS (
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id,
-           CASE WHEN status = {_lit(GIVE_UP[1])} THEN %(event_type)s ELSE %(retry_event_type)s END,
-           CASE WHEN status = {_lit(GIVE_UP[1])} THEN %(payload)s ELSE %(retry_payload)s END
+           CASE WHEN status = {status_literal(GIVE_UP[1])}
+                THEN %(event_type)s ELSE %(retry_event_type)s END,
+           CASE WHEN status = {status_literal(GIVE_UP[1])}
+                THEN %(payload)s ELSE %(retry_payload)s END
       FROM changed
 )
 SELECT status, attempt, max_attempts, run_after FROM changed
@@ -348,7 +350,7 @@ SELECT status, attempt, max_attempts, run_after FROM changed
 HAND_BACK_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(RETRY[1])}, attempt = attempt - 1, run_after = now(),
+       SET status = {status_literal(RETRY[1])}, attempt = attempt - 1, run_after = now(),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE {_FENCE}
     RETURNING job_id, attempt + 1 AS attempt, claimed_at, checkpoints, claimed_checkpoints
@@ -373,7 +375,7 @@ SELECT_EXPIRED_SQL = f"""
 SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
        lease_until >= {_SWEEP_NOW} AS stalled
   FROM workflow_run
- WHERE status = {_lit(GIVE_UP[0])} AND cancel_requested_at IS NULL
+ WHERE status = {status_literal(GIVE_UP[0])} AND cancel_requested_at IS NULL
    AND (lease_until < {_SWEEP_NOW}
         OR (stall_at < {_SWEEP_NOW} AND progress_token = lease_token))
  ORDER BY lease_until
@@ -384,7 +386,7 @@ SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
 SELECT_EXHAUSTED_SQL = f"""
 SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
   FROM workflow_run
- WHERE status = {_lit(EXHAUSTED[0])} AND attempt >= max_attempts
+ WHERE status = {status_literal(EXHAUSTED[0])} AND attempt >= max_attempts
  ORDER BY job_id
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
@@ -409,10 +411,10 @@ WITH swept AS (
         AS swept(job_id, error, error_class, worker, payload)
 ), changed AS (
     UPDATE workflow_run AS r
-       SET status = {_lit(RETRY[1])}, run_after = now(), lease_owner = NULL, lease_until = NULL,
-           error = swept.error, updated_at = now()
+       SET status = {status_literal(RETRY[1])}, run_after = now(), lease_owner = NULL,
+           lease_until = NULL, error = swept.error, updated_at = now()
       FROM swept
-     WHERE r.job_id = swept.job_id AND r.status = {_lit(RETRY[0])}
+     WHERE r.job_id = swept.job_id AND r.status = {status_literal(RETRY[0])}
     RETURNING r.job_id, r.attempt, r.claimed_at, r.checkpoints, r.claimed_checkpoints,
               swept.error, swept.error_class, swept.worker, swept.payload
 ), ended AS (
@@ -439,9 +441,11 @@ WITH swept AS (
         AS swept(job_id, error, payload, error_class, worker)
 ), changed AS (
     UPDATE workflow_run AS r
-       SET status = {_lit(GIVE_UP[1])}, lease_until = NULL, error = swept.error, updated_at = now()
+       SET status = {status_literal(GIVE_UP[1])}, lease_until = NULL, error = swept.error,
+           updated_at = now()
       FROM swept
-     WHERE r.job_id = swept.job_id AND r.status IN ({_lit(GIVE_UP[0])}, {_lit(EXHAUSTED[0])})
+     WHERE r.job_id = swept.job_id
+       AND r.status IN ({status_literal(GIVE_UP[0])}, {status_literal(EXHAUSTED[0])})
     RETURNING r.job_id, r.attempt, r.claimed_at, r.checkpoints, r.claimed_checkpoints,
               swept.error, swept.error_class, swept.worker
 ), ended AS (
@@ -458,7 +462,7 @@ TRANSACTION_NOW_SQL = "SELECT now()"
 # --------------------------------------------------------------------------- complete-step
 
 LOCK_JOB_SQL = f"""
-SELECT {_job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
+SELECT {job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
    FOR UPDATE
 """
 
@@ -466,45 +470,45 @@ SELECT {_job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)
 ACCEPT_STEP_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(RESUME[1])},
+       SET status = {status_literal(RESUME[1])},
            checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
            outstanding_step = NULL, step_deadline_at = NULL, run_after = now(),
            attempt = greatest(attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
-     WHERE job_id = %(job_id)s AND status = {_lit(RESUME[0])}
-    RETURNING {_job_columns("workflow_run")}
+     WHERE job_id = %(job_id)s AND status = {status_literal(RESUME[0])}
+    RETURNING {job_columns("workflow_run")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id, %(event_type)s, %(payload)s FROM changed
 )
-SELECT {_COLUMNS} FROM changed
+SELECT {PLAIN_COLUMNS} FROM changed
 """
 
 REJECT_STEP_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = {_lit(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
+       SET status = {status_literal(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
            updated_at = now()
-     WHERE job_id = %(job_id)s AND status = {_lit(REJECT[0])}
-    RETURNING {_job_columns("workflow_run")}
+     WHERE job_id = %(job_id)s AND status = {status_literal(REJECT[0])}
+    RETURNING {job_columns("workflow_run")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id, %(event_type)s, %(payload)s FROM changed
 )
-SELECT {_COLUMNS} FROM changed
+SELECT {PLAIN_COLUMNS} FROM changed
 """
 
 # --------------------------------------------------------------------------- reads
 
 SELECT_JOB_SQL = f"""
-SELECT {_job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
+SELECT {job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
 """
 
 # The backlog for admission control, counted no further than the cap: the claim
 # index is partial on QUEUED, so this reads at most ``limit`` index entries.
 COUNT_QUEUED_SQL = f"""
 SELECT count(*) FROM (
-    SELECT 1 FROM workflow_run WHERE status = {_lit(Status.QUEUED)} LIMIT %(limit)s
+    SELECT 1 FROM workflow_run WHERE status = {status_literal(Status.QUEUED)} LIMIT %(limit)s
 ) AS backlog
 """
 

@@ -117,7 +117,7 @@ MAX_EVENT_TEXT_BYTES = 16_384
 # --------------------------------------------------------------------------- helpers
 
 
-def _job(row: Sequence[Any]) -> Job:
+def job_from_row(row: Sequence[Any]) -> Job:
     (
         job_id,
         workflow_name,
@@ -388,7 +388,7 @@ class RunStore:
                     raise refused from exc
                 row = await cursor.fetchone()
                 if row is not None:
-                    job, created = _job(row[1:]), bool(row[0])
+                    job, created = job_from_row(row[1:]), bool(row[0])
                     if created and params["definition"] is not None:
                         # Not read back from the server: it is the one just sent.
                         job = replace(job, definition=params["definition"].obj)
@@ -417,7 +417,7 @@ class RunStore:
             rows = await cursor.fetchall()
         arrived_at = _now()
         jobs = sorted(
-            ((_job(row[:-1]), row[-1]) for row in rows),
+            ((job_from_row(row[:-1]), row[-1]) for row in rows),
             key=lambda pair: (pair[0].run_after, pair[0].created_at),
         )
         return [
@@ -1046,4 +1046,4 @@ async def _fetch_job(
     row = await cursor.fetchone()
     if row is None:
         raise NotFound(f"job {job_id} not found")
-    return _job(row)
+    return job_from_row(row)

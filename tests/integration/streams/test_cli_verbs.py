@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ async def test_every_verb_as_text_and_as_json(
         assert answer["job"]["job_id"] == job_id and "created" not in answer
 
         got = await wfjobs.json("get", job_id)
-        assert got["job"]["status"] == "QUEUED"
+        assert got["job"]["status"] == "QUEUED" and "deadline" not in got["job"]
+
         page = await wfjobs.json("list", "--status", "QUEUED", "--name", "web-review")
         assert [job["job_id"] for job in page["jobs"]] == [job_id]
         code, out, _ = await wfjobs("list", "--limit", "1")
@@ -87,6 +89,19 @@ async def test_every_verb_as_text_and_as_json(
 
         code, out, err = await wfjobs("get", str(uuid.uuid4()))
         assert (code, out) == (1, "") and "NOT_FOUND" in err
+
+        timed = str(uuid.uuid4())
+        code, out, err = await wfjobs(*submit, "--job-id", timed, "--deadline-ms", "60000")
+        assert code == 0, err
+        deadline = (await wfjobs.json("get", timed))["job"]["deadline"]
+        created = (await wfjobs.json("get", timed))["job"]["created_at"]
+        assert _instant(deadline) - _instant(created) == timedelta(minutes=1)
+        code, out, err = await wfjobs(*submit, "--deadline-ms", "-1")
+        assert (code, out) == (1, "") and "deadline_ms" in err
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 async def test_workflows_put_name_stores_under_that_name(

@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import cel
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from workflows.cel_engine import cel
 from workflows.protojson import (
     DYNAMIC_TYPES,
     SPECIAL_JSON_TYPES,

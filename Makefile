@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
-.PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers kafka clean
+.PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers bench-backlog bench-scaleout kafka clean
 
 # pip only installs uv; its pip-compatible installer does the rest.
 $(STAMP): pyproject.toml
@@ -60,6 +60,14 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test,bench]'
 	$(BIN)/python -m benchmarks.peers
+
+# Per-job cost with 1 000, 10 000 and 100 000 jobs queued.
+bench-backlog: $(STAMP)
+	$(BIN)/python -m benchmarks.backlog
+
+# Drain jobs/s with 1, 2 and 4 worker processes, and against claim loops per process.
+bench-scaleout: $(STAMP)
+	$(BIN)/python -m benchmarks.scaleout
 
 # A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.
 kafka: $(STAMP)

@@ -18,6 +18,10 @@ Rows:
   the real ``streams.runtime.Runtime`` (worker role). Per job: one submit, three
   checkpoints and one completion, each a row change plus its outbox row in one
   statement; the outbox rows stay PENDING because no relay runs.
+* ``workflow-jobs, group commit off`` -- the same with
+  ``WFJOBS_GROUP_COMMIT=false``; not run by a worker without that setting.
+  ``WFJOBS_*`` variables of the benchmark's environment reach every
+  workflow-jobs row.
 * ``workflow-jobs + Kafka`` -- the same with the relay role on as well: the run
   ends when every outbox row is acknowledged by a real Apache Kafka broker and
   marked PUBLISHED; the events are counted on the topic afterwards.
@@ -38,8 +42,12 @@ from the same state. Each system runs ``--repeat`` times, in rounds that
 interleave the systems, and the table shows its median run; the Kafka rows go
 last, with the broker started for them only.
 
-Measured per system: wall time of the enqueue and drain phases, jobs/s over
-both, Postgres commits per job (``pg_stat_database.xact_commit`` delta of its
+Measured per system: wall time of the enqueue and drain phases, drain jobs/s
+and end-to-end jobs/s over both, paced submit-to-completion latency
+percentiles (a separate phase after the counters are read: jobs arriving at a
+fixed rate with the worker running, each completion seen when its commit's
+NOTIFY arrives), write transactions per job (transaction ids handed out),
+Postgres commits per job (``pg_stat_database.xact_commit`` delta of its
 database), top-level statements per job (``pg_stat_statements``, when loaded),
 WAL bytes per job (server-wide; only one system runs at a time), CPU
 milliseconds per job of the Python process over both phases (all its threads,
@@ -115,14 +123,25 @@ class SystemSpec:
     needs: str | None
     peer: bool
     kafka: bool = False
+    # Worker settings (documented WFJOBS_* variables) this row sets on top of the rest.
+    env: tuple[tuple[str, str], ...] = ()
+    # Paced latency needs a completion to be observable as it commits.
+    paced: bool = True
 
 
 SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("workflow-jobs", "workflow-jobs", None, peer=False),
+    SystemSpec(
+        "workflow-jobs-no-group-commit",
+        "workflow-jobs, group commit off",
+        None,
+        peer=False,
+        env=(("WFJOBS_GROUP_COMMIT", "false"),),
+    ),
     SystemSpec("workflow-jobs-kafka", "workflow-jobs + Kafka", None, peer=False, kafka=True),
     SystemSpec("pgqueuer", "pgqueuer", "pgqueuer", peer=True),
     SystemSpec("procrastinate", "procrastinate", "procrastinate", peer=True),
-    SystemSpec("baseline", "bare SKIP LOCKED", None, peer=False),
+    SystemSpec("baseline", "bare SKIP LOCKED", None, peer=False, paced=False),
 )
 BY_KEY = {spec.key: spec for spec in SYSTEMS}
 
@@ -145,6 +164,7 @@ class Counters:
     postgres_cpu_s: float | None
     kafka_cpu_s: float | None
     wal_lsn: str
+    next_xid: int
 
 
 @dataclass
@@ -160,14 +180,29 @@ class ChildResult:
     postgres_cpu_s: float | None
     kafka_cpu_s: float | None
     wal_bytes: int
+    write_xacts: int
     verified: bool
     checks: dict[str, Any] = field(default_factory=dict)
+    # Submit-to-completion latencies of the paced phase, milliseconds.
+    paced: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     top_statements: list[dict[str, Any]] = field(default_factory=list)
 
 
 def jobs_per_s(result: ChildResult) -> float:
+    """End to end: the jobs over enqueue and drain together."""
     return result.jobs / max(result.enqueue_s + result.drain_s, 1e-9)
+
+
+def drain_jobs_per_s(result: ChildResult) -> float:
+    return result.jobs / max(result.drain_s, 1e-9)
+
+
+def total_cpu_s(result: ChildResult) -> float | None:
+    """Every process of the run: the Python side, Postgres and, in its rows, the broker."""
+    if result.postgres_cpu_s is None:
+        return None
+    return result.cpu_s + result.postgres_cpu_s + (result.kafka_cpu_s or 0.0)
 
 
 @dataclass
@@ -286,7 +321,14 @@ def read_counters(target: Target) -> Counters:
         except psycopg.Error:
             statements = None  # the extension is not loaded on this server
         lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        # The next transaction id, without taking one: only a transaction
+        # that writes is given an id, so the delta counts write transactions
+        # exactly and at once (server-wide; one system runs at a time).
+        xid = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+        ).fetchone()
     return Counters(
+        next_xid=int(xid[0]) if xid else 0,
         commits=commits,
         statements=statements,
         wal_lsn=str(lsn[0]) if lsn else "0/0",
@@ -402,6 +444,117 @@ def job_input(index: int) -> dict[str, Any]:
     return {"text": f"benchmark job {index}: durable workflow jobs on Postgres and Kafka"}
 
 
+# --------------------------------------------------------------------------- paced latency
+
+DONE_CHANNEL = "bench_done"
+PACED_TIMEOUT_S = 120.0
+
+
+def done_trigger(table: str, event: str, key: str, when: str = "true") -> str:
+    """A trigger that announces each finished job of ``table`` on ``DONE_CHANNEL``.
+
+    Postgres delivers a notification only once its transaction is committed,
+    which with ``synchronous_commit`` on is after the commit's WAL flush: its
+    arrival is the moment the completion became durable, observed the same
+    way for every engine, without polling and without hooks in their code.
+    """
+    return f"""
+CREATE FUNCTION bench_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{DONE_CHANNEL}', {key}::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_done AFTER {event} ON {table}
+    FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION bench_done();
+"""
+
+
+async def install(dsn: str, sql: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql)
+
+
+class DoneListener:
+    """Notes when each job's completion commits, from ``DONE_CHANNEL``."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.done_at: dict[str, float] = {}
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DoneListener:
+        self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        await self._conn.execute(f"LISTEN {DONE_CHANNEL}")
+        self._task = asyncio.create_task(self._listen(self._conn))
+        return self
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async for note in conn.notifies():
+            self.done_at.setdefault(note.payload, time.monotonic())
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def wait_for(self, keys: Sequence[str] | dict[str, float], what: str) -> None:
+        def done() -> bool:
+            if self._task is not None and self._task.done():
+                self._task.result()  # a dead listener would wait out the timeout
+            return all(key in self.done_at for key in keys)
+
+        await until(done, what, PACED_TIMEOUT_S)
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+async def paced_latencies(
+    jobs: int, rate: float, submit: Callable[[int], Awaitable[str]], listener: DoneListener
+) -> dict[str, float]:
+    """Submit ``jobs`` at ``rate`` per second with the worker running; latency percentiles.
+
+    Open loop: each submit starts at its own slot whether or not the earlier
+    ones have returned, and its latency counts from the slot, so a stall shows
+    in the figures instead of quietly delaying the arrivals. One unmeasured job
+    first proves the worker is up and listening.
+    """
+    first = await submit(-1)
+    await listener.wait_for([first], "the first paced job")
+    scheduled: dict[str, float] = {}
+
+    async def one(index: int, slot: float) -> None:
+        scheduled[await submit(index)] = slot
+
+    tasks: list[asyncio.Task[None]] = []
+    start = time.monotonic()
+    for index in range(jobs):
+        slot = start + index / rate
+        delay = slot - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(index, slot)))
+    await asyncio.gather(*tasks)
+    await listener.wait_for(scheduled, "every paced job to complete")
+    latencies = sorted((listener.done_at[key] - slot) * 1000 for key, slot in scheduled.items())
+    return {
+        "jobs": float(jobs),
+        "rate": rate,
+        "p50": percentile(latencies, 0.50),
+        "p95": percentile(latencies, 0.95),
+        "p99": percentile(latencies, 0.99),
+        "max": latencies[-1],
+    }
+
+
 # --------------------------------------------------------------------------- systems
 
 
@@ -414,20 +567,39 @@ class System(Protocol):
 
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]: ...
 
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]: ...
+
 
 class WorkflowJobs:
     """The product: ``RunStore.submit``, then the worker's own ``Runtime``."""
 
-    def __init__(self, target: Target, *, kafka: bool) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        kafka: bool,
+        env: Sequence[tuple[str, str]] = (),
+        worker_id: str = "bench-peers",
+    ) -> None:
         self.target = target
         self.kafka = kafka
+        self.worker_id = worker_id
         c = target.concurrency
+        # WFJOBS_* variables of the benchmark's own environment reach the
+        # worker too (e.g. WFJOBS_GROUP_COMMIT=false for a whole run); the row's
+        # own settings and the benchmark's shape take precedence.
+        self.inherited = {
+            name: value for name, value in os.environ.items() if name.startswith("WFJOBS_")
+        }
+        self.row_env = dict(env)
         self.settings = {
             "claim loops": c,
             "claim batch": 8,
             "per-target cap": c,
             "pool": c + 2,
             "relay": "on, Apache Kafka" if kafka else "off (outbox rows stay PENDING)",
+            **self.inherited,
+            **self.row_env,
         }
         from workflows.cache import DefinitionCache
         from workflows.samples import automatic_workflow
@@ -444,9 +616,11 @@ class WorkflowJobs:
         # The documented environment variables: the worker's public surface.
         return Settings.from_env(
             {
+                **self.inherited,
+                **self.row_env,
                 "DATABASE_URL": self.target.dsn,
                 "KAFKA_BOOTSTRAP_SERVERS": self.target.kafka_bootstrap or "127.0.0.1:9",
-                "WFJOBS_WORKER_ID": "bench-peers",
+                "WFJOBS_WORKER_ID": self.worker_id,
                 "WFJOBS_ROLES": roles,
                 "WFJOBS_HANDLERS": "workflows.samples.handlers",
                 "WFJOBS_EVENTS_TOPIC": topic,
@@ -463,11 +637,13 @@ class WorkflowJobs:
 
         await migrate(self.target.dsn)
 
-    async def run(self, jobs: int, phase: str) -> Phase:
+    async def submitter(
+        self, topic: str
+    ) -> tuple[Runtime, Callable[[int], Awaitable[str]], Runtime]:
+        """An api runtime and its submit call (returning the job id), and an unstarted worker."""
         from streams.runtime import Runtime
 
         c = self.target.concurrency
-        topic = self.measured_topic if phase == "measured" else f"{self.target.topic_prefix}-warmup"
         # The api role only: a pool and the stores, as the submit verb has them.
         api = Runtime(self._settings("api", topic, c), cache=self.cache)
         await api.start()
@@ -477,17 +653,49 @@ class WorkflowJobs:
         runs = api.require_runs()
         compiled = api.compile(self.workflow)
 
-        async def submit(index: int) -> None:
+        async def submit(index: int) -> str:
+            job_id = uuid.uuid4()
             await runs.submit(
-                job_id=uuid.uuid4(),
+                job_id=job_id,
                 workflow_name=compiled.name,
                 definition=self.workflow,
                 definition_hash=compiled.definition_hash,
                 input=compiled.validate_input(job_input(index)),
             )
+            return str(job_id)
 
         roles = "worker,relay" if self.kafka else "worker"
         worker = Runtime(self._settings(roles, topic, c + 2), cache=self.cache)
+        return api, submit, worker
+
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        await install(
+            self.target.dsn,
+            done_trigger(
+                "workflow_run",
+                "UPDATE OF status",
+                "NEW.job_id",
+                "NEW.status = 'COMPLETED' AND OLD.status <> 'COMPLETED'",
+            ),
+        )
+        api, submit, worker = await self.submitter(self.measured_topic)
+        try:
+            await worker.start()
+            await worker.wait_ready()
+            async with DoneListener(self.target.dsn) as listener:
+                return await paced_latencies(jobs, rate, submit, listener)
+        finally:
+            await worker.stop()
+            await api.stop()
+
+    async def run(self, jobs: int, phase: str) -> Phase:
+        c = self.target.concurrency
+        topic = self.measured_topic if phase == "measured" else f"{self.target.topic_prefix}-warmup"
+        api, submit_one, worker = await self.submitter(topic)
+
+        async def submit(index: int) -> None:
+            await submit_one(index)
+
         try:
             started, cpu_started = time.monotonic(), time.process_time()
             await fan_out(jobs, c, submit)
@@ -666,6 +874,41 @@ class PgQueuerPeer:
             await pool.close()
         return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
 
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        import asyncpg
+        from pgqueuer import PgQueuer
+        from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
+        from pgqueuer.models import Job
+        from pgqueuer.queries import Queries
+
+        # A finished job leaves the queue table (into its log) when its
+        # completion is written; pgqueuer buffers completions for up to 0.1 s.
+        await install(self.target.dsn, done_trigger("pgqueuer", "DELETE", "OLD.id"))
+        c = self.target.concurrency
+        pool = await asyncpg.create_pool(self.target.dsn, min_size=c, max_size=c)
+        queries = Queries(AsyncpgPoolDriver(pool))
+        worker_conn = await asyncpg.connect(self.target.dsn)
+        pgq = PgQueuer(AsyncpgDriver(worker_conn))
+
+        async def noop(job: Job) -> None:
+            self.handled += 1
+
+        pgq.entrypoint("noop")(noop)
+
+        async def submit(index: int) -> str:
+            ids = await queries.enqueue("noop", json.dumps(job_input(index)).encode())
+            return str(ids[0])
+
+        worker = asyncio.create_task(pgq.run(batch_size=self.batch, max_concurrent_tasks=c))
+        try:
+            async with DoneListener(self.target.dsn) as listener:
+                return await paced_latencies(jobs, rate, submit, listener)
+        finally:
+            pgq.shutdown.set()
+            await worker
+            await worker_conn.close()
+            await pool.close()
+
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
             queued = await (await conn.execute("SELECT count(*) FROM pgqueuer")).fetchone()
@@ -726,6 +969,44 @@ class ProcrastinatePeer:
             drained = time.monotonic()
             cpu_done = time.process_time()
         return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        from procrastinate import App, PsycopgConnector
+
+        await install(
+            self.target.dsn,
+            done_trigger(
+                "procrastinate_jobs",
+                "UPDATE OF status",
+                "NEW.id",
+                "NEW.status = 'succeeded' AND OLD.status <> 'succeeded'",
+            ),
+        )
+        c = self.target.concurrency
+        connector = PsycopgConnector(conninfo=self.target.dsn, min_size=c + 2, max_size=c + 2)
+        app = App(connector=connector)
+
+        async def noop(text: str) -> None:
+            self.handled += 1
+
+        task = app.task(name="noop")(noop)
+
+        async def submit(index: int) -> str:
+            return str(await task.defer_async(text=job_input(index)["text"]))
+
+        async with app.open_async():
+            await connector.pool.wait(timeout=30.0)
+            worker = asyncio.create_task(
+                app.run_worker_async(concurrency=c, wait=True, install_signal_handlers=False)
+            )
+            try:
+                async with DoneListener(self.target.dsn) as listener:
+                    return await paced_latencies(jobs, rate, submit, listener)
+            finally:
+                # Cancelling is procrastinate's way to stop a worker from code.
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
 
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
@@ -816,6 +1097,11 @@ class BaselineQueue:
                 await conn.close()
         return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
 
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        # A consumer that finds the queue empty stops: the bare queue has no
+        # wake-up to wait on, so it has no paced latency to speak of.
+        return {}
+
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
             row = await (await conn.execute("SELECT count(*) FROM bench_job")).fetchone()
@@ -828,10 +1114,9 @@ class BaselineQueue:
 
 
 def make_system(key: str, target: Target) -> System:
-    if key == "workflow-jobs":
-        return WorkflowJobs(target, kafka=False)
-    if key == "workflow-jobs-kafka":
-        return WorkflowJobs(target, kafka=True)
+    if key.startswith("workflow-jobs"):
+        spec = BY_KEY[key]
+        return WorkflowJobs(target, kafka=spec.kafka, env=spec.env)
     if key == "pgqueuer":
         return PgQueuerPeer(target)
     if key == "procrastinate":
@@ -868,6 +1153,9 @@ async def child_main(args: argparse.Namespace) -> ChildResult:
     after = read_counters(target)
     top = top_statements(target, args.top_statements) if args.top_statements else []
     checks = await system.verify(args.warmup + args.jobs, args.jobs)
+    # After every counter is read: the paced phase's trigger and listener are
+    # not part of the measured run.
+    paced = await system.paced(args.paced_jobs, args.paced_rate) if args.paced_jobs else {}
 
     def delta(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else b - a
@@ -885,10 +1173,12 @@ async def child_main(args: argparse.Namespace) -> ChildResult:
         postgres_cpu_s=delta(before.postgres_cpu_s, after.postgres_cpu_s),
         kafka_cpu_s=delta(before.kafka_cpu_s, after.kafka_cpu_s),
         wal_bytes=wal_bytes(target, before.wal_lsn, after.wal_lsn),
+        write_xacts=after.next_xid - before.next_xid,
         verified=bool(checks.get("ok")) and measured.handled == args.jobs,
         checks=checks,
         settings=system.settings,
         top_statements=top,
+        paced=paced,
     )
 
 
@@ -934,9 +1224,18 @@ def enable_statements(admin_dsn: str, *, create: bool) -> bool:
 
 
 def missing_package(spec: SystemSpec) -> str:
-    if spec.needs is None or importlib.util.find_spec(spec.needs) is not None:
-        return ""
-    return f"{spec.needs} is not installed (pip install -e '.[bench]')"
+    """Why this row cannot run here, or "" when it can."""
+    if spec.needs is not None and importlib.util.find_spec(spec.needs) is None:
+        return f"{spec.needs} is not installed (pip install -e '.[bench]')"
+    from dataclasses import fields
+
+    from streams.settings import Settings
+
+    known = {str(f.metadata.get("env")) for f in fields(Settings)}
+    for name, _ in spec.env:
+        if name not in known:
+            return f"this version of the worker has no {name} setting"
+    return ""
 
 
 def spawn_child(
@@ -970,6 +1269,10 @@ def spawn_child(
         args.topic_prefix,
         "--top-statements",
         str(args.top_statements),
+        "--paced-jobs",
+        str(args.paced_jobs if spec.paced else 0),
+        "--paced-rate",
+        str(args.paced_rate),
     ]
     if postmaster_pid is not None:
         argv += ["--postmaster-pid", str(postmaster_pid)]
@@ -1150,53 +1453,91 @@ def render(
             console.print(f"{name}: {facts[name]}")
     before, after = facts.get("load before", "?"), facts.get("load after", "?")
     console.print(f"load average: {before} before, {after} after")
+    if args.paced_jobs:
+        console.print(
+            f"paced: {args.paced_jobs} jobs at {args.paced_rate:.0f}/s per run with the worker "
+            "already running, from each job's arrival slot until its completion commits "
+            "(a NOTIFY from a trigger, delivered after the commit's WAL flush)"
+        )
     done = [row for row in rows if row.result is not None]
     wfjobs = next((row for row in done if row.spec.key == "workflow-jobs"), None)
     peers = [row for row in done if row.spec.peer]
     fastest = max(peers, key=lambda row: row.jobs_per_s, default=None)
 
-    table = Table()
+    def ratio(value: float | None, base: float | None) -> str:
+        return "n/a" if value is None or not base else f"{value / base:.2f}"
+
+    def paced(r: ChildResult, name: str) -> str:
+        return f"{r.paced[name]:.1f}" if name in r.paced else "n/a"
+
+    base = wfjobs.result if wfjobs else None
+    speed = Table(title="throughput and latency")
     for title in (
         "system",
         "jobs",
         "enqueue s",
         "drain s",
-        "wall s",
-        "jobs/s",
-        "jobs/s range",
-        "x workflow-jobs",
+        "drain jobs/s",
+        "x wfjobs",
+        "end-to-end jobs/s",
+        "x wfjobs",
+        "range",
         "x fastest peer",
-        "commits/job",
-        "statements/job",
-        "WAL KiB/job",
-        "Python CPU ms/job",
-        "Postgres CPU ms/job",
+        "paced p50 ms",
+        "p95 ms",
+        "p99 ms",
     ):
-        table.add_column(title, justify="left" if title == "system" else "right")
+        speed.add_column(title, justify="left" if title == "system" else "right")
+    cost = Table(title="cost per job")
+    for title in (
+        "system",
+        "commits",
+        "write xacts",
+        "statements",
+        "WAL KiB",
+        "Python CPU ms",
+        "Postgres CPU ms",
+        "all CPU ms",
+        "x wfjobs",
+    ):
+        cost.add_column(title, justify="left" if title == "system" else "right")
     for row in rows:
         if row.result is None:
-            table.add_row(f"{row.spec.label} (not run, see below)", *["-"] * 13)
+            speed.add_row(f"{row.spec.label} (not run, see below)", *["-"] * 12)
+            cost.add_row(f"{row.spec.label} (not run)", *["-"] * 8)
             continue
         r = row.result
         verified = all(result.verified for result in row.results)
         label = row.spec.label + ("" if verified else " [red](UNVERIFIED)[/]")
-        table.add_row(
+        speed.add_row(
             label,
             str(r.jobs),
             f"{r.enqueue_s:.2f}",
             f"{r.drain_s:.2f}",
-            f"{row.wall_s:.2f}",
+            f"{drain_jobs_per_s(r):.0f}",
+            ratio(drain_jobs_per_s(r), drain_jobs_per_s(base) if base else None),
             f"{row.jobs_per_s:.0f}",
+            ratio(row.jobs_per_s, wfjobs.jobs_per_s if wfjobs else None),
             row.spread,
-            f"{row.jobs_per_s / wfjobs.jobs_per_s:.2f}" if wfjobs else "n/a",
-            f"{row.jobs_per_s / fastest.jobs_per_s:.2f}" if fastest else "n/a",
+            ratio(row.jobs_per_s, fastest.jobs_per_s if fastest else None),
+            paced(r, "p50"),
+            paced(r, "p95"),
+            paced(r, "p99"),
+        )
+        all_cpu = total_cpu_s(r)
+        cost.add_row(
+            label,
             f"{r.commits / r.jobs:.2f}",
+            f"{r.write_xacts / r.jobs:.2f}",
             "n/a" if r.statements is None else f"{r.statements / r.jobs:.2f}",
             f"{r.wal_bytes / 1024 / r.jobs:.1f}",
             _ms(r.cpu_s, r.jobs),
             _ms(r.postgres_cpu_s, r.jobs),
+            _ms(all_cpu, r.jobs),
+            ratio(all_cpu, total_cpu_s(base) if base else None),
         )
-    console.print(table)
+    console.print(speed)
+    console.print(cost)
     for row in rows:
         if row.result is not None and row.result.kafka_cpu_s is not None:
             console.print(
@@ -1298,6 +1639,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="K",
         help="also list each system's K statements with the most server time",
     )
+    parser.add_argument(
+        "--paced-jobs",
+        type=int,
+        default=500,
+        help="jobs of the paced latency phase per run (0: no paced phase)",
+    )
+    parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=100.0,
+        help="arrivals per second in the paced phase, the same for every system",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     # The child side: one system, in its own process.
     parser.add_argument("--child", choices=[spec.key for spec in SYSTEMS], help=argparse.SUPPRESS)
@@ -1310,6 +1663,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.concurrency < 1 or args.repeat < 1 or args.warmup < 0:
         parser.error("--jobs, --concurrency and --repeat must be positive, --warmup not negative")
+    if args.paced_jobs < 0 or args.paced_rate <= 0:
+        parser.error("--paced-jobs must not be negative and --paced-rate must be positive")
     if args.warmup == 0:
         args.warmup = max(100, args.jobs // 10)
     return args

@@ -1,6 +1,6 @@
 """Relay throughput: how fast one relay drains a backlog of outbox rows to Kafka.
 
-    python -m benchmarks.relay [--rows 100000] [--batch 100] [--before DIR] [--repeat 1] [--json]
+    python -m benchmarks.relay [--rows 100000] [--batch N] [--before DIR] [--repeat 1] [--json]
 
 A backlog of ``--rows`` PENDING outbox rows (2 000 jobs, their rows interleaved
 as jobs running side by side write them, each a real encoded
@@ -18,7 +18,10 @@ Postgres and the same broker, in interleaved rounds.
 Printed per implementation (median run): rows, seconds, events/s, batches
 (passes that published), statements per batch (top-level statements of the
 run's database from ``pg_stat_statements``, ``BEGIN``/``COMMIT`` included,
-divided by the batches) and commits per batch.
+divided by the batches), commits per batch, and CPU per event: the relay
+process's (``time.process_time``, librdkafka's threads included) and that of
+the Postgres backends serving it (``/proc/<pid>/stat`` of the run database's
+connections). ``--batch`` defaults to ``WFJOBS_RELAY_BATCH``'s default.
 
 Postgres is an embedded server of this run, with the test suite's settings
 (fsync off) unless ``DATABASE_URL`` names one that loads pg_stat_statements;
@@ -42,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = 2000
 DRAIN_TIMEOUT_S = 900
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STATEMENT_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.track": "top",
@@ -96,7 +100,8 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
         )
         commits_before = _commits(conn)
 
-    pool = await open_pool(dsn, min_size=1, max_size=4)
+    pool = await open_pool(dsn, min_size=4, max_size=4)
+    backends_before = await _backend_cpu(pool)
     relay = OutboxRelay(
         Outbox(pool),
         producer_config=producer_config(bootstrap),
@@ -118,6 +123,7 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
             raise TimeoutError(f"{relay.stats.published} of {total} rows published")
         seconds = time.perf_counter() - started
         cpu_s = time.process_time() - cpu_started
+        backends_after = await _backend_cpu(pool)
     finally:
         await relay.stop()
         await pool.close()
@@ -137,7 +143,35 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
         "statements_per_batch": statements / batches,
         "commits_per_batch": commits / batches,
         "python_cpu_ms_per_batch": cpu_s * 1000 / batches,
+        "relay_cpu_ms_per_event": cpu_s * 1000 / total,
+        "postgres_cpu_ms_per_event": sum(
+            ticks - backends_before.get(pid, 0) for pid, ticks in backends_after.items()
+        )
+        * 1000
+        / CLOCK_TICKS
+        / total,
     }
+
+
+async def _backend_cpu(pool: Any) -> dict[int, int]:
+    """CPU ticks (user + system) so far of each backend connected to the run's database."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        pids = [int(row[0]) for row in await cursor.fetchall()]
+    return _cpu_ticks(pids)
+
+
+def _cpu_ticks(pids: list[int]) -> dict[int, int]:
+    ticks: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a server on another host, or a backend gone meanwhile
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def _commits(conn: Any) -> int:
@@ -178,9 +212,13 @@ def _run_child(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from streams.settings import Settings
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--batch", type=int, default=Settings.__dataclass_fields__["relay_batch"].default
+    )
     parser.add_argument("--before", type=Path, help="another checkout to measure beside this one")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", action="store_true")
@@ -245,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         "statements/batch",
         "commits/batch",
         "relay CPU ms/batch",
+        "relay CPU ms/event",
+        "Postgres CPU ms/event",
     ):
         table.add_column(column, justify="left" if column == "implementation" else "right")
     for name, result in medians.items():
@@ -257,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['statements_per_batch']:.2f}",
             f"{result['commits_per_batch']:.2f}",
             f"{result['python_cpu_ms_per_batch']:.1f}",
+            f"{result.get('relay_cpu_ms_per_event', float('nan')):.3f}",
+            f"{result.get('postgres_cpu_ms_per_event', float('nan')):.3f}",
         )
     Console(width=160).print(table)
     return 0

@@ -59,6 +59,8 @@ from store.deadline_sql import (
 )
 from store.definitions import validate_workflow_name
 from store.errors import refused_value
+from store.group_commit import Answer, GroupCommit
+from store.group_commit_sql import Kind
 from store.history import HistoryStore
 from store.history_sql import ErrorClass
 from store.pool import Pool
@@ -242,7 +244,12 @@ class RunStore:
         default_max_attempts: int = 3,
         lease_s: float = 300.0,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        group_commit: bool = True,
     ) -> None:
+        """``group_commit``: send the commit points of a running job (checkpoint,
+        complete, park, fail, retry-or-die) through one ``GroupCommit``, which
+        writes those of concurrent runners in one statement; off, each is its
+        own statement."""
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
         if max_event_bytes < MIN_EVENT_BYTES:
@@ -256,6 +263,19 @@ class RunStore:
         self.max_event_bytes = max_event_bytes
         self._max_text_bytes = min(MAX_EVENT_TEXT_BYTES, max_event_bytes // 4)
         self.history = HistoryStore(pool)
+        self.group: GroupCommit | None = None
+        if group_commit:
+            self.group = GroupCommit(
+                pool,
+                {
+                    "checkpoint_type": _event_name(EventType.TYPE_STEP_CHECKPOINT),
+                    "complete_type": _event_name(EventType.TYPE_COMPLETED),
+                    "park_type": _event_name(EventType.TYPE_WAITING),
+                    "fail_type": _event_name(EventType.TYPE_FAILED),
+                    "dead_type": _event_name(EventType.TYPE_DEAD),
+                    "retry_type": _event_name(EventType.TYPE_RETRY_SCHEDULED),
+                },
+            )
 
     @property
     def pool(self) -> Pool:
@@ -469,6 +489,18 @@ class RunStore:
 
     async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
         """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
+        stored, event = self._checkpoint_of(lease, entry)
+        what = f"checkpoint step {stored.obj['name']!r}"
+        if self.group is not None:
+            values = {"entry": stored, "payload": self._encode(event)}
+            await self._grouped(Kind.CHECKPOINT, lease, values, what)
+            return
+        await self._commit_point(CHECKPOINT_SQL, lease, event, {"entry": stored}, what)
+
+    def _checkpoint_of(
+        self, lease: Lease, entry: Mapping[str, Any]
+    ) -> tuple[Jsonb, WorkflowRunEvent]:
+        """A checkpoint entry as the row keeps it, and its STEP_CHECKPOINT event."""
         name, skipped, response = _check_entry(entry)
         event = _lease_event(
             lease,
@@ -477,13 +509,7 @@ class RunStore:
             response=response,
             skipped=skipped,
         )
-        await self._commit_point(
-            CHECKPOINT_SQL,
-            lease,
-            event,
-            {"entry": Jsonb({"name": name, "skipped": skipped, "response": response})},
-            f"checkpoint step {name!r}",
-        )
+        return Jsonb({"name": name, "skipped": skipped, "response": response}), event
 
     async def park(
         self,
@@ -505,27 +531,54 @@ class RunStore:
             step_name=step_name,
             review_request=request,
         )
-        await self._commit_point(
-            PARK_SQL,
-            lease,
-            event,
-            {
-                "step_name": step_name,
-                "review_request": Jsonb(dict(request)) if request is not None else None,
-                "timeout_ms": timeout_ms,
-            },
-            "park",
-        )
+        values = {
+            "step_name": step_name,
+            "review_request": Jsonb(dict(request)) if request is not None else None,
+            "timeout_ms": timeout_ms,
+        }
+        if self.group is not None:
+            await self._grouped(
+                Kind.PARK, lease, {**values, "payload": self._encode(event)}, "park"
+            )
+            return
+        await self._commit_point(PARK_SQL, lease, event, values, "park")
 
-    async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
-        """COMPLETED with its verdict and result, with the COMPLETED event."""
+    async def complete(
+        self,
+        lease: Lease,
+        *,
+        result: dict[str, Any],
+        verdict: str,
+        last_checkpoint: Mapping[str, Any] | None = None,
+    ) -> None:
+        """COMPLETED with its verdict and result, with the COMPLETED event.
+
+        ``last_checkpoint`` is the segment's last step, when its runner held the
+        entry back because nothing runs after it: appended with its
+        STEP_CHECKPOINT event before the COMPLETED one, in the same statement
+        under group commit (without it, as a checkpoint of its own first).
+        """
+        what = "store the job's result"
+        stored: Jsonb | None = None
+        entry_payload: bytes | None = None
+        if last_checkpoint is not None:
+            stored, entry_event = self._checkpoint_of(lease, last_checkpoint)
+            entry_payload = self._encode(entry_event)
+            if self.group is None:
+                await self.checkpoint(lease, last_checkpoint)
         event = _lease_event(lease, EventType.TYPE_COMPLETED, verdict=verdict, result=result)
+        if self.group is not None:
+            values = {
+                "entry": stored,
+                "entry_payload": entry_payload,
+                "result": Jsonb(result),
+                "verdict": verdict,
+                "payload": self._encode(event),
+            }
+            await self._grouped(Kind.COMPLETE, lease, values, what)
+            return
         await self._commit_point(
-            COMPLETE_SQL,
-            lease,
-            event,
-            {"result": Jsonb(result), "verdict": verdict},
-            "store the job's result",
+            COMPLETE_SQL, lease, event, {"result": Jsonb(result), "verdict": verdict}, what
         )
 
     async def fail(self, lease: Lease, *, error: str = "", verdict: str = "") -> None:
@@ -538,13 +591,16 @@ class RunStore:
         message = error or verdict
         event = _lease_event(lease, EventType.TYPE_FAILED, verdict=verdict, error=message)
         error_class = ErrorClass.NON_RETRYABLE if error else ErrorClass.VERDICT
-        await self._commit_point(
-            FAIL_SQL,
-            lease,
-            event,
-            {"verdict": verdict or None, "error": message, "error_class": error_class.value},
-            "fail",
-        )
+        values: dict[str, Any] = {
+            "verdict": verdict or None,
+            "error": message,
+            "error_class": error_class.value,
+        }
+        if self.group is not None:
+            values["payload"] = self._encode(event)
+            await self._grouped(Kind.FAIL, lease, values, "fail")
+            return
+        await self._commit_point(FAIL_SQL, lease, event, values, "fail")
 
     async def retry_or_die(
         self, lease: Lease, error: str, *, error_class: ErrorClass = ErrorClass.RETRYABLE
@@ -568,6 +624,24 @@ class RunStore:
         retry_event = _lease_event(
             lease, EventType.TYPE_RETRY_SCHEDULED, error=error, next_run_at=next_run_at
         )
+        if self.group is not None:
+            values = {
+                "next_run_at": next_run_at,
+                "error": error,
+                "error_class": error_class.value,
+                "payload": self._encode(dead_event),
+                "retry_payload": self._encode(retry_event),
+            }
+            answer = await self._grouped(Kind.RETRY_OR_DIE, lease, values, "settle a retry")
+            status, attempt, max_attempts, run_after = answer
+            assert status is not None and attempt is not None and max_attempts is not None
+            assert run_after is not None
+            return RetryOutcome(
+                status=Status(status),
+                attempt=attempt,
+                max_attempts=max_attempts,
+                run_after=run_after,
+            )
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
                 RETRY_OR_DIE_SQL,
@@ -598,6 +672,22 @@ class RunStore:
             cursor = await conn.execute(HAND_BACK_SQL, _fence(lease))
             if await cursor.fetchone() is None:
                 raise _lease_lost(lease, "hand the job back")
+
+    async def _grouped(
+        self, kind: Kind, lease: Lease, values: Mapping[str, Any], what: str
+    ) -> Answer:
+        """One commit point through the group commit; LeaseLost when its row did not match."""
+        assert self.group is not None
+        try:
+            answer = await self.group.write(kind, lease, values)
+        except Exception as exc:
+            refused = refused_value(exc, what)
+            if refused is None:
+                raise
+            raise refused from exc
+        if answer is None:
+            raise _lease_lost(lease, what)
+        return answer
 
     async def _commit_point(
         self,

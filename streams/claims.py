@@ -19,6 +19,15 @@ A runner, per job:
    kind: RETRYABLE -> retry_or_die, VERDICT -> fail(verdict), NON_RETRYABLE ->
    fail(error).
 
+With ``hold_back_last_checkpoint`` (on where the store group-commits), the
+last step's checkpoint is held back and written by the settle, in the
+statement that completes the job (``RunStore.complete``): nothing runs after
+that step, so nothing waits on it being durable sooner, and a crash between
+the two runs the step again, as a crash during it would. A failure after it
+(an output rule that cannot be evaluated) writes it first; a completion the
+database refuses writes the two apart, so a refused response fails the job
+naming its step, as it does at any other step.
+
 ``LeaseLost`` at any point means another worker owns the job now: drop it,
 write nothing. A store outage while checkpointing or settling is not the
 job's fault: the job is handed back (requeued now, attempt given back), never
@@ -150,6 +159,8 @@ class _Holding:
     past_bound: bool = False
     # A renewal answered that an operator asked to cancel the job.
     cancel_requested: bool = False
+    # The last step's checkpoint, held back to be written with the settle.
+    held_back: dict[str, Any] | None = None
 
     def progressed(self, now: float) -> None:
         self.mark += 1
@@ -184,6 +195,7 @@ class ClaimLoops(mode.Service):
         settle_bound_s: float = 30.0,
         claim_failure_bound_s: float = 60.0,
         grace_s: float = 10.0,
+        hold_back_last_checkpoint: bool = False,
         clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
@@ -191,6 +203,8 @@ class ClaimLoops(mode.Service):
         before the watchdog hands it back; ``claim_failure_bound_s``: how long
         claims may fail in a row before ``health()`` says the loops are stuck;
         ``grace_s``: how long running segments may finish when the loops stop;
+        ``hold_back_last_checkpoint``: write the last step's checkpoint with the
+        completion (see the module docstring);
         ``clock``: the monotonic clock of every bound here."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
@@ -211,6 +225,7 @@ class ClaimLoops(mode.Service):
         self._poll_interval_s = poll_interval_s
         self._claim_backoff = Backoff(poll_interval_s, max(poll_interval_s, _CLAIM_RETRY_CAP_S))
         self._grace_s = grace_s
+        self._hold_back_last = hold_back_last_checkpoint
         self._heartbeat_s = heartbeat_s
         self._max_per_target = max_per_target
         self._wake = wake if wake is not None else asyncio.Event()
@@ -451,7 +466,7 @@ class ClaimLoops(mode.Service):
             await self._hand_back(lease, "store failure")
             return
         except StepFailure as failure:
-            await self._settle_failure(lease, failure)
+            await self._settle_failure(lease, failure, held_back=holding.held_back)
             return
         except Exception as exc:
             # Not a classified step failure: a defect in this process. Counted
@@ -460,9 +475,10 @@ class ClaimLoops(mode.Service):
             await self._settle_failure(
                 lease,
                 StepFailure(FailureKind.RETRYABLE, "", f"{type(exc).__name__}: {exc}"),
+                held_back=holding.held_back,
             )
             return
-        await self._settle(lease, outcome)
+        await self._settle(lease, outcome, held_back=holding.held_back)
 
     @contextlib.asynccontextmanager
     async def _slot(self, step: Step | None) -> AsyncIterator[None]:
@@ -491,8 +507,15 @@ class ClaimLoops(mode.Service):
         holding: _Holding,
     ) -> SegmentOutcome:
         lease = claimed.lease
+        last = workflow.steps[-1] if workflow.steps and self._hold_back_last else None
 
         async def on_checkpoint(entry: dict[str, Any]) -> None:
+            if last is not None and not last.external and entry.get("name") == last.name:
+                # Nothing runs after the last step: its checkpoint goes with the
+                # settle, in the complete's statement, and no later than it.
+                holding.held_back = entry
+                holding.progressed(self._clock())
+                return
             try:
                 await self._runs.checkpoint(lease, entry)
                 # Checkpointed, and the next step starts right away: progress.
@@ -726,12 +749,31 @@ class ClaimLoops(mode.Service):
         except Exception as exc:
             await self._settle_error(lease, exc)
 
-    async def _settle(self, lease: Lease, outcome: SegmentOutcome) -> None:
+    async def _settle(
+        self, lease: Lease, outcome: SegmentOutcome, *, held_back: dict[str, Any] | None = None
+    ) -> None:
+        """``held_back``: the last step's checkpoint, not written yet."""
         async with self._settling(lease):
-            if isinstance(outcome, Completed):
+            if isinstance(outcome, Completed) and held_back is not None:
+                try:
+                    await self._runs.complete(
+                        lease,
+                        result=outcome.result,
+                        verdict=outcome.verdict,
+                        last_checkpoint=held_back,
+                    )
+                except UnstorableValue:
+                    # The step's response or the result: written apart, the
+                    # refusal names the one at fault.
+                    await self._checkpoint_held_back(lease, held_back)
+                    await self._runs.complete(lease, result=outcome.result, verdict=outcome.verdict)
+                self.stats.completed += 1
+            elif isinstance(outcome, Completed):
                 await self._runs.complete(lease, result=outcome.result, verdict=outcome.verdict)
                 self.stats.completed += 1
             elif isinstance(outcome, Parked):
+                if held_back is not None:
+                    await self._checkpoint_held_back(lease, held_back)
                 await self._runs.park(
                     lease,
                     outcome.step_name,
@@ -748,10 +790,15 @@ class ClaimLoops(mode.Service):
         failure: StepFailure,
         *,
         error_class: ErrorClass = ErrorClass.RETRYABLE,
+        held_back: dict[str, Any] | None = None,
     ) -> None:
-        """``error_class`` is what the history records for a retryable failure."""
+        """``error_class`` is what the history records for a retryable failure;
+        ``held_back`` the last step's checkpoint, written first (the step did
+        run; what failed came after it)."""
         error = str(failure)
         async with self._settling(lease):
+            if held_back is not None:
+                await self._checkpoint_held_back(lease, held_back)
             if failure.kind is FailureKind.RETRYABLE:
                 outcome = await self._runs.retry_or_die(lease, error, error_class=error_class)
                 if outcome.dead:
@@ -776,6 +823,17 @@ class ClaimLoops(mode.Service):
                 await self._runs.fail(lease, error=error)
                 self.stats.failed += 1
                 log.warning("job %s FAILED: %s", lease.job_id, error)
+
+    async def _checkpoint_held_back(self, lease: Lease, entry: dict[str, Any]) -> None:
+        """The held-back checkpoint on its own; a refusal names its step, as a
+        checkpoint written during the segment does."""
+        try:
+            await self._runs.checkpoint(lease, entry)
+        except UnstorableValue as exc:
+            step = str(entry.get("name", ""))
+            raise UnstorableValue(
+                str(StepFailure(FailureKind.NON_RETRYABLE, step, exc.message))
+            ) from exc
 
     async def _settle_error(self, lease: Lease, exc: BaseException) -> None:
         """A settle failed. An outage hands the job back untouched; anything else

@@ -46,7 +46,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 import mode
@@ -70,6 +70,11 @@ DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
 _NOT_REPORTED = "no delivery report from the producer"
 # How often the loop reads the backlog (oldest PENDING age, FAILED rows) for health.
 BACKLOG_EVERY_S = 5.0
+
+
+class _Queue(enum.Enum):
+    # A produce call refused for a full local queue: worth trying again shortly.
+    FULL = "full"
 
 
 class Fault(enum.Enum):
@@ -463,9 +468,12 @@ class OutboxRelay(mode.Service):
                 outcomes[index] = self._failure(exc, "cannot serialize event")
                 failed_jobs.add(key)
                 continue
-            error = await self._produce(
-                producer, key, value, functools.partial(_report, reports, index)
-            )
+            on_delivery = functools.partial(_report, reports, index)
+            # The whole batch is handed over with no await in between unless
+            # the local queue is full; the pass then awaits the reports once.
+            error = self._produce_now(producer, key, value, on_delivery)
+            if error is _Queue.FULL:
+                error = await self._produce(producer, key, value, on_delivery)
             if error is not None:
                 outcomes[index] = self._failure(error, "not produced")
                 failed_jobs.add(key)
@@ -525,24 +533,35 @@ class OutboxRelay(mode.Service):
             self._last_error = reason
         return PublishFailure(reason, permanent=fault is Fault.PERMANENT)
 
+    def _produce_now(
+        self,
+        producer: Producer,
+        key: str,
+        value: bytes,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> KafkaException | Literal[_Queue.FULL] | None:
+        """Hand one message to the producer: None, the producer's refusal, or ``_Queue.FULL``."""
+        try:
+            producer.produce(self._topic, value=value, key=key.encode(), on_delivery=on_delivery)
+        except BufferError:
+            return _Queue.FULL
+        except KafkaException as exc:
+            return exc
+        return None
+
     async def _produce(
         self,
         producer: Producer,
         key: str,
         value: bytes,
         on_delivery: Callable[[KafkaError | None, Message], None],
-    ) -> KafkaError | KafkaException | None:
+    ) -> KafkaException | None:
         while True:
-            try:
-                producer.produce(
-                    self._topic, value=value, key=key.encode(), on_delivery=on_delivery
-                )
-                return None
-            except BufferError:
-                # The local queue is full: let the broker drain some of it.
-                await asyncio.to_thread(producer.poll, 0.1)
-            except KafkaException as exc:
-                return exc
+            error = self._produce_now(producer, key, value, on_delivery)
+            if error is not _Queue.FULL:
+                return error
+            # The local queue is full: let the broker drain some of it.
+            await asyncio.to_thread(producer.poll, 0.1)
 
     # -- health
 

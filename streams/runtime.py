@@ -165,6 +165,7 @@ class Runtime(mode.Service):
             default_max_attempts=settings.max_attempts,
             lease_s=settings.lease_s,
             max_event_bytes=settings.max_event_bytes,
+            group_commit=settings.group_commit,
         )
         self.definitions = DefinitionStore(pool)
         self.tokens = TokenStore(pool)
@@ -194,6 +195,9 @@ class Runtime(mode.Service):
                 channels=self.channels,
                 wake=self.listener.subscribe(JOBS_QUEUED_CHANNEL),
                 grace_s=settings.shutdown_grace_s,
+                # One statement for the last checkpoint and COMPLETED only pays
+                # when that statement is the group commit's.
+                hold_back_last_checkpoint=settings.group_commit,
             )
         if "worker" in settings.roles:
             self.sweeper = Sweeper(

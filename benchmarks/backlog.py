@@ -17,7 +17,8 @@ grows shows here as CPU, statements or WAL per job rising with B.
 Counters, all deltas over the window, divided by the jobs completed in it:
 CPU of this process (all threads) and of the Postgres server (postmaster and
 every backend), write transactions (transaction ids handed out, exact and
-immediate), top-level statements (``pg_stat_statements``) and WAL bytes.
+immediate), top-level statements (``pg_stat_statements``), WAL bytes and the full-page
+images among them (``pg_stat_wal``).
 Commit counts are left out here: ``pg_stat_database`` is only exact with
 every connection closed, and the worker is running. It asserts nothing.
 """
@@ -69,6 +70,12 @@ class BacklogResult:
     write_xacts: int
     statements: int | None
     wal_bytes: int
+    # Full-page images: the first change of a page after a checkpoint logs the
+    # whole page. The window starts right after one, so an index whose pages
+    # are touched at random (keyed by job_id) logs one image per page it has,
+    # and has more pages the longer the queue: WAL per job that a longer window
+    # (or a server's own checkpoint interval) spreads thin.
+    page_images: int | None
     queued_after: int
 
     @property
@@ -113,12 +120,14 @@ async def measure(
         claims = worker.claims
         assert claims is not None
         await until(lambda: claims.stats.completed >= args.warmup, "the warm-up jobs")
+        images_before = page_images(target)
         done_before, before = claims.stats.completed, read_counters(target)
         started, cpu_started = time.monotonic(), time.process_time()
         await until(
             lambda: claims.stats.completed >= args.warmup + args.window, "the measured window"
         )
         done_after, after = claims.stats.completed, read_counters(target)
+        images_after = page_images(target)
         window_s, cpu_s = time.monotonic() - started, time.process_time() - cpu_started
     finally:
         await worker.stop()
@@ -134,6 +143,7 @@ async def measure(
         after,
         target,
         queued_after,
+        None if images_before is None or images_after is None else images_after - images_before,
     )
 
 
@@ -147,6 +157,7 @@ def result_of(
     after: Counters,
     target: Target,
     queued_after: int,
+    images: int | None,
 ) -> BacklogResult:
     postgres_cpu = (
         None
@@ -168,8 +179,19 @@ def result_of(
         write_xacts=after.next_xid - before.next_xid,
         statements=statements,
         wal_bytes=wal_bytes(target, before.wal_lsn, after.wal_lsn),
+        page_images=images,
         queued_after=queued_after,
     )
+
+
+def page_images(target: Target) -> int | None:
+    """Full-page images written so far by the whole server; None before PostgreSQL 14."""
+    with psycopg.connect(target.admin_dsn, autocommit=True) as conn:
+        try:
+            row = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()
+        except psycopg.Error:
+            return None
+    return int(row[0]) if row else None
 
 
 async def count_queued(dsn: str) -> int:
@@ -243,6 +265,7 @@ def render(
         "write xacts",
         "statements",
         "WAL KiB",
+        "page images",
         "queued after",
     ):
         table.add_column(title, justify="right")
@@ -261,6 +284,7 @@ def render(
             f"{r.write_xacts / r.window_jobs:.2f}",
             "n/a" if r.statements is None else f"{r.statements / r.window_jobs:.2f}",
             f"{r.wal_bytes / 1024 / r.window_jobs:.1f}",
+            "n/a" if r.page_images is None else f"{r.page_images / r.window_jobs:.2f}",
             str(r.queued_after),
         )
     console.print(table)

@@ -73,10 +73,15 @@ class Sweeper(mode.Service):
         self._last_error = ""
 
     async def sweep_once(self) -> SweepResult:
+        # Each pass is counted as soon as it committed: a stop that lands between
+        # two passes must not lose what the first one did.
         try:
             cancelled = await self._control.sweep_cancelled()
+            self._count_cancelled(cancelled)
             result = await self._runs.sweep_expired()
+            self._count_expired(result)
             deadlines = await self._runs.sweep_deadlines(fallback_of=self._fallback_of)
+            self._count_deadlines(deadlines)
         except Exception as exc:
             self._failures += 1
             if self._failing_since is None:
@@ -88,12 +93,26 @@ class Sweeper(mode.Service):
         self._last_sweep_at = self._clock()
         self._last_sweep_wall = datetime.now(UTC)
         self.sweeps += 1
-        self.requeued += result.requeued
-        self.dead += result.dead
-        self.stalled += result.stalled
+        return result
+
+    def _count_cancelled(self, cancelled: int) -> None:
         self.cancelled += cancelled
         if cancelled:
             log.info("sweeper: %d job(s) asked to cancel settled CANCELLED", cancelled)
+
+    def _count_expired(self, result: SweepResult) -> None:
+        self.requeued += result.requeued
+        self.dead += result.dead
+        self.stalled += result.stalled
+        if result.requeued or result.dead:
+            log.info(
+                "sweeper: %d job(s) requeued, %d DEAD (%d of them for a stalled segment)",
+                result.requeued,
+                result.dead,
+                result.stalled,
+            )
+
+    def _count_deadlines(self, deadlines: DeadlineSweep) -> None:
         self.deadlines = DeadlineSweep(
             job_deadlines=self.deadlines.job_deadlines + deadlines.job_deadlines,
             step_timeouts=self.deadlines.step_timeouts + deadlines.step_timeouts,
@@ -107,14 +126,6 @@ class Sweeper(mode.Service):
                 deadlines.step_timeouts,
                 deadlines.fallbacks,
             )
-        if result.requeued or result.dead:
-            log.info(
-                "sweeper: %d job(s) requeued, %d DEAD (%d of them for a stalled segment)",
-                result.requeued,
-                result.dead,
-                result.stalled,
-            )
-        return result
 
     def health(self) -> PartHealth:
         """From memory: when the last sweep answered, and whether sweeps keep failing."""

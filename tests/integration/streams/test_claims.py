@@ -282,13 +282,39 @@ async def test_the_sweeper_requeues_an_expired_lease(harness: Harness, pool: Poo
             (job_id,),
         )
     sweeper = Sweeper(harness.runs, interval_s=0.05)
-    await sweeper.start()
-    try:
-        job = await harness.wait_status(job_id, "QUEUED")
-    finally:
-        await sweeper.stop()
-    assert sweeper.requeued == 1
+    result = await sweeper.sweep_once()
+    job = await harness.runs.get(job_id)
+    assert job.status == "QUEUED"
+    assert result.requeued == sweeper.requeued == 1
     assert job.error is not None and "gone-worker" in job.error
+
+
+async def test_a_requeue_is_counted_once_committed_even_if_the_sweep_is_stopped_after_it(
+    harness: Harness, pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "x"})
+    assert await harness.runs.claim("gone-worker") is not None
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second' WHERE job_id = %s",
+            (job_id,),
+        )
+    # The pass after the requeue never returns: the sweep is stopped in it.
+    reached = asyncio.Event()
+
+    async def stuck(**_: Any) -> None:
+        reached.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(harness.runs, "sweep_deadlines", stuck)
+    sweeper = Sweeper(harness.runs, interval_s=60)
+    sweep = asyncio.create_task(sweeper.sweep_once())
+    await asyncio.wait_for(reached.wait(), timeout=10)
+    sweep.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sweep
+    assert (await harness.runs.get(job_id)).status == "QUEUED"
+    assert sweeper.requeued == 1
 
 
 async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:

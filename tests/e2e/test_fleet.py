@@ -1,4 +1,9 @@
-"""Two worker processes share 200 jobs: each completes once, in order, and both work."""
+"""Two worker processes share 200 jobs: each completes once, in order, and both work.
+
+One writes its commit points through group commit (the default), the other one
+statement each (``WFJOBS_GROUP_COMMIT=false``): a fleet mid-way through
+changing the setting is a fleet like any other.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ EXPECTED = [
 
 async def test_two_workers_two_hundred_jobs(stack: Stack) -> None:
     first = await stack.start_worker("w1")
-    second = await stack.start_worker("w2")
+    second = await stack.start_worker("w2", WFJOBS_GROUP_COMMIT="false")
     workflow = envelope(name="e2e-fleet", review="invoke")
     await stack.put_workflow(first, workflow)
 

@@ -47,9 +47,9 @@ from store.control_sql import (
 )
 from store.definitions import validate_workflow_name
 from store.pool import Pool
-from store.records import Job, Lease
+from store.records import Job, Lease, job_from_row
 from store.run_sql import LOCK_JOB_SQL, SELECT_JOB_SQL
-from store.runs import RunStore, job_from_row
+from store.runs import RunStore
 from store.states import TERMINAL, Status, parse_status
 
 # =========================================================================== cancel

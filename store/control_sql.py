@@ -167,7 +167,7 @@ SELECT status, resumed_by FROM workflow_run WHERE job_id = %(original_id)s FOR U
 # checkpoints (copied server-side, never shipped back and forth), at attempt 0.
 # It names the original's snapshot by its hash, or a new definition, stored
 # once per hash under the submit's share of the snapshot lock (see
-# ``store.run_sql.SUBMIT_SQL``). The original keeps every column but
+# ``store.submit_batch_sql.SUBMIT_BATCH_SQL``). The original keeps every column but
 # ``resumed_by``, ``updated_at`` included: retention still ages it from the
 # moment it ended. Its RESUMED event follows its earlier events (outbox ids only
 # grow). The new row's definition is not read back: a snapshot this statement

@@ -6,7 +6,7 @@ run them in ``store.runs``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -222,3 +222,65 @@ class OutboxState:
 
 # ``RunStore.complete_step``'s gate: (definition snapshot, response) -> verdict.
 StepVerifier = Callable[[dict[str, Any], dict[str, Any]], StepVerdict]
+
+
+def job_from_row(row: Sequence[Any]) -> Job:
+    """A ``Job`` from a row of ``store.run_sql.JOB_COLUMNS``, in that order."""
+    (
+        job_id,
+        workflow_name,
+        definition,
+        definition_hash,
+        input_,
+        status,
+        attempt,
+        max_attempts,
+        run_after,
+        outstanding_step,
+        checkpoints,
+        result,
+        verdict,
+        error,
+        lease_owner,
+        lease_until,
+        created_at,
+        updated_at,
+        owner,
+        cancel_requested_at,
+        cancel_reason,
+        deadline_at,
+        step_deadline_at,
+        review_request,
+        resumed_from,
+        resumed_by,
+        claimed_at,
+    ) = row
+    return Job(
+        job_id=job_id,
+        workflow_name=workflow_name,
+        definition=definition,
+        definition_hash=definition_hash,
+        input=input_,
+        status=Status(status),
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_after=run_after,
+        outstanding_step=outstanding_step,
+        checkpoints=tuple(checkpoints),
+        result=result,
+        verdict=verdict,
+        error=error,
+        lease_owner=lease_owner,
+        lease_until=lease_until,
+        created_at=created_at,
+        updated_at=updated_at,
+        owner=owner,
+        cancel_requested_at=cancel_requested_at,
+        cancel_reason=cancel_reason,
+        deadline_at=deadline_at,
+        step_deadline_at=step_deadline_at,
+        review_request=review_request,
+        resumed_from=resumed_from,
+        resumed_by=resumed_by,
+        claimed_at=claimed_at,
+    )

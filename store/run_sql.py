@@ -123,46 +123,6 @@ LEASE_FENCE = (
 # (store.control), but no checkpoint or other settle lands.
 _FENCE = f"{LEASE_FENCE} AND cancel_requested_at IS NULL"
 
-# --------------------------------------------------------------------------- submit
-
-# Submit and refuse-at-submit share one statement: insert the row unless the
-# job_id exists, write its event only if the row was inserted, and answer with
-# whichever row now stands. The second branch reads the statement's snapshot,
-# so a concurrent submit of the same id can make both branches empty; the
-# caller then simply asks again.
-#
-# The definition is stored once per hash: the snapshot is written unless it
-# exists (or the job does), under the submit's share of the snapshot lock; the
-# lock's CTE feeds the snapshot's insert, so it is taken before the insert
-# looks for a conflict. A new row does not read its definition back (the
-# caller has it), so a submit never ships the snapshot twice.
-SUBMIT_SQL = f"""
-WITH snapshot_lock AS (
-    SELECT pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(%(definition_hash)s))
-), snapshot AS (
-    INSERT INTO workflow_definition_snapshot (hash, definition)
-    SELECT %(definition_hash)s, %(definition)s::jsonb FROM snapshot_lock
-     WHERE %(definition)s::jsonb IS NOT NULL
-       AND NOT EXISTS (SELECT FROM workflow_run WHERE job_id = %(job_id)s)
-    ON CONFLICT (hash) DO NOTHING
-), inserted AS (
-    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
-                              input, status, max_attempts, error, run_after, owner, deadline_at)
-    VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
-            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s,
-            now() + %(deadline_ms)s::bigint * interval '1 millisecond')
-    ON CONFLICT (job_id) DO NOTHING
-    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
-), event AS (
-    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
-    SELECT job_id, %(event_type)s, %(payload)s FROM inserted
-)
-SELECT true, {PLAIN_COLUMNS} FROM inserted
-UNION ALL
-SELECT false, {job_columns("workflow_run")} FROM workflow_run
- WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
-"""
-
 # --------------------------------------------------------------------------- claim
 
 # Sent before the claim, in its transaction and the same round trip. The claim

@@ -31,7 +31,6 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -79,6 +78,7 @@ from store.records import (
     StepVerifier,
     SubmitResult,
     SweepResult,
+    job_from_row,
 )
 from store.run_sql import (
     ACCEPT_STEP_SQL,
@@ -98,7 +98,6 @@ from store.run_sql import (
     SELECT_EXHAUSTED_SQL,
     SELECT_EXPIRED_SQL,
     SELECT_JOB_SQL,
-    SUBMIT_SQL,
     SUMMARY_COLUMNS,
     SWEEP_DEAD_SQL,
     SWEEP_REQUEUE_SQL,
@@ -106,6 +105,7 @@ from store.run_sql import (
     list_jobs_sql,
 )
 from store.states import Status, parse_status
+from store.submit_batch import submit_rows
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -117,67 +117,6 @@ MAX_EVENT_TEXT_BYTES = 16_384
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def job_from_row(row: Sequence[Any]) -> Job:
-    (
-        job_id,
-        workflow_name,
-        definition,
-        definition_hash,
-        input_,
-        status,
-        attempt,
-        max_attempts,
-        run_after,
-        outstanding_step,
-        checkpoints,
-        result,
-        verdict,
-        error,
-        lease_owner,
-        lease_until,
-        created_at,
-        updated_at,
-        owner,
-        cancel_requested_at,
-        cancel_reason,
-        deadline_at,
-        step_deadline_at,
-        review_request,
-        resumed_from,
-        resumed_by,
-        claimed_at,
-    ) = row
-    return Job(
-        job_id=job_id,
-        workflow_name=workflow_name,
-        definition=definition,
-        definition_hash=definition_hash,
-        input=input_,
-        status=Status(status),
-        attempt=attempt,
-        max_attempts=max_attempts,
-        run_after=run_after,
-        outstanding_step=outstanding_step,
-        checkpoints=tuple(checkpoints),
-        result=result,
-        verdict=verdict,
-        error=error,
-        lease_owner=lease_owner,
-        lease_until=lease_until,
-        created_at=created_at,
-        updated_at=updated_at,
-        owner=owner,
-        cancel_requested_at=cancel_requested_at,
-        cancel_reason=cancel_reason,
-        deadline_at=deadline_at,
-        step_deadline_at=step_deadline_at,
-        review_request=review_request,
-        resumed_from=resumed_from,
-        resumed_by=resumed_by,
-        claimed_at=claimed_at,
-    )
 
 
 def _summary(row: Sequence[Any]) -> JobSummary:
@@ -322,6 +261,37 @@ class RunStore:
         the submitting principal; an existing job keeps its own. ``deadline_ms``
         sets the whole-job deadline, counted from now on the database's clock.
         """
+        [result] = await submit_rows(
+            self._pool,
+            [
+                self.submit_params(
+                    job_id=job_id,
+                    workflow_name=workflow_name,
+                    definition=definition,
+                    definition_hash=definition_hash,
+                    input=input,
+                    max_attempts=max_attempts,
+                    owner=owner,
+                    deadline_ms=deadline_ms,
+                )
+            ],
+        )
+        return result
+
+    def submit_params(
+        self,
+        *,
+        job_id: UUID,
+        workflow_name: str,
+        definition: dict[str, Any],
+        definition_hash: str,
+        input: dict[str, Any],
+        max_attempts: int | None = None,
+        owner: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """The checked row and encoded event ``submit`` writes, for one or a batch
+        (``store.submit_batch``); raises what ``submit`` raises before writing."""
         validate_workflow_name(workflow_name)
         if not definition_hash:
             raise InvalidArgument("definition_hash must not be empty: it names the snapshot")
@@ -347,20 +317,20 @@ class RunStore:
             attempt=0,
             occurred_at=_now(),
         )
-        return await self._insert(
-            job_id=job_id,
-            workflow_name=workflow_name,
-            definition=Jsonb(definition),
-            definition_hash=definition_hash,
-            input=Jsonb(input),
-            status=Status.QUEUED.value,
-            max_attempts=max_attempts,
-            error=None,
-            event_type=_event_name(EventType.TYPE_ACCEPTED),
-            payload=self._encode(event),
-            owner=owner,
-            deadline_ms=deadline_ms or None,
-        )
+        return {
+            "job_id": job_id,
+            "workflow_name": workflow_name,
+            "definition": Jsonb(definition),
+            "definition_hash": definition_hash,
+            "input": Jsonb(input),
+            "status": Status.QUEUED.value,
+            "max_attempts": max_attempts,
+            "error": None,
+            "event_type": _event_name(EventType.TYPE_ACCEPTED),
+            "payload": self._encode(event),
+            "owner": owner,
+            "deadline_ms": deadline_ms or None,
+        }
 
     async def submit_failed(
         self,
@@ -372,6 +342,30 @@ class RunStore:
         owner: str | None = None,
     ) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
+        [result] = await submit_rows(
+            self._pool,
+            [
+                self.submit_failed_params(
+                    job_id=job_id,
+                    workflow_name=workflow_name,
+                    input=input,
+                    error=error,
+                    owner=owner,
+                )
+            ],
+        )
+        return result
+
+    def submit_failed_params(
+        self,
+        *,
+        job_id: UUID,
+        workflow_name: str,
+        input: dict[str, Any],
+        error: str,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """The FAILED row and event ``submit_failed`` writes, as ``submit_params``."""
         error = self._event_text(error)
         event = build_event(
             job_id=job_id,
@@ -381,39 +375,20 @@ class RunStore:
             occurred_at=_now(),
             error=error,
         )
-        return await self._insert(
-            job_id=job_id,
-            workflow_name=workflow_name,
-            definition=None,
-            definition_hash="",
-            input=Jsonb(input),
-            status=Status.FAILED.value,
-            max_attempts=self.default_max_attempts,
-            error=error,
-            event_type=_event_name(EventType.TYPE_FAILED),
-            payload=self._encode(event),
-            owner=owner,
-        )
-
-    async def _insert(self, **params: Any) -> SubmitResult:
-        params.setdefault("deadline_ms", None)
-        async with self._pool.connection() as conn:
-            for _ in range(3):
-                try:
-                    cursor = await conn.execute(SUBMIT_SQL, params)
-                except Exception as exc:
-                    refused = refused_value(exc, f"store job {params['job_id']}")
-                    if refused is None:
-                        raise
-                    raise refused from exc
-                row = await cursor.fetchone()
-                if row is not None:
-                    job, created = job_from_row(row[1:]), bool(row[0])
-                    if created and params["definition"] is not None:
-                        # Not read back from the server: it is the one just sent.
-                        job = replace(job, definition=params["definition"].obj)
-                    return SubmitResult(job=job, created=created)
-        raise RuntimeError(f"job {params['job_id']} neither inserted nor found")  # pragma: no cover
+        return {
+            "job_id": job_id,
+            "workflow_name": workflow_name,
+            "definition": None,
+            "definition_hash": "",
+            "input": Jsonb(input),
+            "status": Status.FAILED.value,
+            "max_attempts": self.default_max_attempts,
+            "error": error,
+            "event_type": _event_name(EventType.TYPE_FAILED),
+            "payload": self._encode(event),
+            "owner": owner,
+            "deadline_ms": None,
+        }
 
     # ----------------------------------------------------------------- claim
 

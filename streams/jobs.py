@@ -6,7 +6,9 @@ of values past the event size limit. The ways in are adapters that only
 translate: the HTTP views (``streams.web``) turn a JSON body into arguments and
 the result or error into a reply; the request agent (``streams.request_agent``)
 turns a Kafka message into arguments and the result into an acknowledgement or
-a dead letter. Both reach the same ``Jobs.submit``.
+a dead letter. Both reach the same ``Jobs.submit_many`` (``Jobs.submit`` is a
+batch of one of it), which decides every submit and writes it with the one
+submit statement.
 
 Every verb raises only the project's errors (``schemas.errors``): a store that
 cannot be reached is ``Unavailable`` here, translated at the store's edge by
@@ -22,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from schemas.errors import (
     AlreadyExists,
@@ -50,6 +52,7 @@ from store.control import (
 from store.definitions import StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
+from store.submit_batch import submit_rows
 from streams.explain import ExplainFacts
 from workflows.failures import StepFailure
 
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
         RequestsDeadLetters,
     )
     from streams.runtime import Runtime
+    from workflows.steps import CompiledWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,24 @@ class Submitted:
     job: Job
     created: bool
     refused: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One job to create (``Jobs.submit_many``): the definition inline
+    (``workflow``) or the stored one named ``workflow_name``."""
+
+    job_id: uuid.UUID
+    input: dict[str, Any]
+    workflow_name: str = ""
+    owner: str | None = None
+    deadline_ms: int | None = None
+    workflow: dict[str, Any] | None = None
+    max_attempts: int | None = None
+
+
+# A request's definition compiled, with its envelope, or why the request cannot run.
+_Definition: TypeAlias = "tuple[CompiledWorkflow, dict[str, Any]] | NotFound | InvalidArgument"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,72 +168,165 @@ class Jobs:
 
         ``deadline_ms`` is the whole-job deadline, counted from now; without
         one (None or 0) the definition's ``jobDeadlineMs`` applies, if any.
+
+        A batch of one of ``submit_many``, which decides and writes every submit.
         """
-        if deadline_ms is not None and deadline_ms < 0:
-            raise InvalidArgument(f"deadline_ms must not be negative, got {deadline_ms}")
+        request = SubmitRequest(
+            job_id=job_id if job_id is not None else uuid.uuid4(),
+            input=input,
+            workflow_name=workflow_name,
+            owner=owner,
+            deadline_ms=deadline_ms,
+            workflow=workflow,
+            max_attempts=max_attempts,
+        )
+        [submitted] = await self.submit_many(
+            [request], record_refusals=record_refusals, owner_only=owner_only
+        )
+        return submitted
+
+    async def submit_many(
+        self,
+        requests: Sequence[SubmitRequest],
+        *,
+        record_refusals: bool = False,
+        owner_only: bool = False,
+    ) -> list[Submitted]:
+        """``submit`` for each request, in one statement and one commit; the
+        answers are in ``requests`` order.
+
+        Each request is decided as it would be alone, in order: a job_id that an
+        earlier request of the batch names is answered with that request's job,
+        not created twice. Without ``record_refusals`` the first refusal raises
+        and nothing is written. Admission is asked once for the batch: a full
+        backlog answers the batch only if every job it names already exists,
+        and otherwise refuses it whole (``ResourceExhausted``), as it would
+        refuse the first new job of the same requests made one by one.
+        """
+        for request in requests:
+            if request.deadline_ms is not None and request.deadline_ms < 0:
+                raise InvalidArgument(
+                    f"deadline_ms must not be negative, got {request.deadline_ms}"
+                )
+        first: dict[uuid.UUID, int] = {}
+        for index, request in enumerate(requests):
+            first.setdefault(request.job_id, index)
+        unique = [requests[index] for index in first.values()]
         with outages_as_unavailable():
             runs = self._runtime.require_runs()
-            given_id = job_id
-            job_id = job_id if job_id is not None else uuid.uuid4()
-            # Admission first, so a full backlog costs no compilation. A full
-            # backlog raises ResourceExhausted; a repeat of an existing job is
-            # still answered with that job.
-            existing = await self._runtime.admit(given_id)
+            # Admission first, so a full backlog costs no compilation.
+            existing = await self._admit(unique)
             if existing is not None:
-                return Submitted(_owned_by(existing, owner, owner_only), created=False)
-            try:
-                if workflow is not None:
-                    envelope = workflow
-                else:
-                    stored = await self._runtime.require_definitions().get(workflow_name)
-                    envelope = stored.definition
-                compiled = await self._runtime.compile_submitted(envelope)
-                normalized = await self._runtime.cache.validate_input(compiled, input)
-            except NotFound:
-                if not record_refusals:
-                    raise
-                reason = f"unknown workflow {workflow_name!r}: no stored definition"
-                return await self._refused(job_id, workflow_name, input, reason, owner)
-            except InvalidArgument as exc:
-                # The producer's mistake or a broken stored definition,
-                # recorded where it is seen.
-                if not record_refusals:
-                    raise
-                return await self._refused(job_id, workflow_name, input, exc.message, owner)
-            try:
-                result = await runs.submit(
-                    job_id=job_id,
-                    workflow_name=compiled.name,
-                    definition=envelope,
-                    definition_hash=compiled.definition_hash,
-                    input=normalized,
-                    max_attempts=max_attempts or None,
-                    owner=owner,
-                    deadline_ms=deadline_ms or compiled.job_deadline_ms,
-                )
-            except EventTooLarge as exc:
-                # Refused the same way on every try, so recorded rather than retried.
-                if not record_refusals:
-                    raise
-                return await self._refused(job_id, workflow_name, input, exc.message, owner)
+                repeated = {
+                    request.job_id: Submitted(
+                        _owned_by(existing[request.job_id], request.owner, owner_only),
+                        created=False,
+                    )
+                    for request in unique
+                }
+                return _in_order(requests, first, repeated)
+            definitions = await self._definitions(unique)
+            checks = [
+                (definition[0], request.input)
+                for request, definition in zip(unique, definitions, strict=True)
+                if isinstance(definition, tuple)
+            ]
+            checked = iter(await self._runtime.cache.validate_inputs(checks) if checks else [])
+            rows: list[dict[str, Any]] = []
+            refusals: list[str] = []
+            for request, definition in zip(unique, definitions, strict=True):
+                refusal = definition if not isinstance(definition, tuple) else None
+                if isinstance(definition, tuple):
+                    compiled, envelope = definition
+                    normalized = next(checked)
+                    if isinstance(normalized, InvalidArgument):
+                        refusal = normalized
+                    else:
+                        try:
+                            rows.append(
+                                runs.submit_params(
+                                    job_id=request.job_id,
+                                    workflow_name=compiled.name,
+                                    definition=envelope,
+                                    definition_hash=compiled.definition_hash,
+                                    input=normalized,
+                                    max_attempts=request.max_attempts or None,
+                                    owner=request.owner,
+                                    deadline_ms=request.deadline_ms or compiled.job_deadline_ms,
+                                )
+                            )
+                        except EventTooLarge as exc:
+                            # Refused the same way on every try, so recorded rather than retried.
+                            refusal = exc
+                reason = ""
+                if refusal is not None:
+                    if not record_refusals:
+                        raise refusal
+                    reason = _refusal_reason(refusal, request)
+                    log.warning("request for job %s recorded as FAILED: %s", request.job_id, reason)
+                    rows.append(
+                        runs.submit_failed_params(
+                            job_id=request.job_id,
+                            workflow_name=request.workflow_name,
+                            input=request.input,
+                            error=reason,
+                            owner=request.owner,
+                        )
+                    )
+                refusals.append(reason)
+            results = await submit_rows(runs.pool, rows)
+        answers: dict[uuid.UUID, Submitted] = {}
+        for request, result, reason in zip(unique, results, refusals, strict=True):
+            job = result.job
             if result.created:
-                self._runtime.admission.admitted()
-                return Submitted(result.job, created=True)
-            return Submitted(_owned_by(result.job, owner, owner_only), created=False)
+                if not reason:
+                    self._runtime.admission.admitted()
+            elif not reason:
+                job = _owned_by(job, request.owner, owner_only)
+            answers[request.job_id] = Submitted(job, result.created, refused=reason)
+        return _in_order(requests, first, answers)
 
-    async def _refused(
-        self,
-        job_id: uuid.UUID,
-        workflow_name: str,
-        input: dict[str, Any],
-        reason: str,
-        owner: str | None,
-    ) -> Submitted:
-        log.warning("request for job %s recorded as FAILED: %s", job_id, reason)
-        result = await self._runtime.require_runs().submit_failed(
-            job_id=job_id, workflow_name=workflow_name, input=input, error=reason, owner=owner
-        )
-        return Submitted(result.job, result.created, refused=reason)
+    async def _admit(self, requests: Sequence[SubmitRequest]) -> dict[uuid.UUID, Job] | None:
+        """None admits new jobs; under a full backlog, the jobs the requests name,
+        when every one exists, so repeated submits are still answered as one."""
+        runs = self._runtime.require_runs()
+        try:
+            await self._runtime.admission.check(runs)
+        except ResourceExhausted as full:
+            existing: dict[uuid.UUID, Job] = {}
+            for request in requests:
+                try:
+                    existing[request.job_id] = await runs.get(request.job_id)
+                except NotFound:
+                    raise full from None
+            return existing
+        return None
+
+    async def _definitions(self, requests: Sequence[SubmitRequest]) -> list[_Definition]:
+        """Each request's definition compiled; a stored one is read and compiled
+        once for every request of the batch that names it."""
+        stored: dict[str, _Definition] = {}
+        found: list[_Definition] = []
+        for request in requests:
+            if request.workflow is not None:
+                found.append(await self._compiled(request.workflow))
+                continue
+            if request.workflow_name not in stored:
+                try:
+                    envelope = await self._runtime.require_definitions().get(request.workflow_name)
+                except (NotFound, InvalidArgument) as exc:
+                    stored[request.workflow_name] = exc
+                else:
+                    stored[request.workflow_name] = await self._compiled(envelope.definition)
+            found.append(stored[request.workflow_name])
+        return found
+
+    async def _compiled(self, envelope: dict[str, Any]) -> _Definition:
+        try:
+            return await self._runtime.compile_submitted(envelope), envelope
+        except InvalidArgument as exc:
+            # The producer's mistake or a broken stored definition, recorded where it is seen.
+            return exc
 
     async def get_job(self, job_id: uuid.UUID, *, owner: str | None = None) -> Job:
         with outages_as_unavailable():
@@ -606,6 +721,27 @@ class Jobs:
         return await self._dead_lettered_requests().redrive(positions)
 
 
+def _refusal_reason(refusal: NotFound | InvalidArgument, request: SubmitRequest) -> str:
+    """The error a refused request's FAILED job carries."""
+    if isinstance(refusal, NotFound):
+        return f"unknown workflow {request.workflow_name!r}: no stored definition"
+    return refusal.message
+
+
+def _in_order(
+    requests: Sequence[SubmitRequest],
+    first: Mapping[uuid.UUID, int],
+    answers: Mapping[uuid.UUID, Submitted],
+) -> list[Submitted]:
+    """One answer per request; a repeat of an earlier request's job_id did not create it."""
+    return [
+        answers[request.job_id]
+        if first[request.job_id] == index
+        else Submitted(answers[request.job_id].job, created=False)
+        for index, request in enumerate(requests)
+    ]
+
+
 def parse_resumable(status: str) -> str:
     """A status filter of a bulk resume: FAILED, DEAD or CANCELLED."""
     if status not in {resumable.value for resumable in RESUMABLE}:
@@ -642,4 +778,4 @@ def _owned_by(job: Job, owner: str | None, owner_only: bool) -> Job:
     return job
 
 
-__all__ = ["Jobs", "ResumeRefusal", "ResumedMany", "Submitted"]
+__all__ = ["Jobs", "ResumeRefusal", "ResumedMany", "SubmitRequest", "Submitted"]

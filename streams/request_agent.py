@@ -14,6 +14,15 @@ One message, one outcome, decided in ``RequestHandler.handle``:
 The last two are one call of ``streams.jobs.Jobs.submit``, the same submit the
 HTTP verb makes, asked to record a refusal as a FAILED job instead of raising it.
 
+The agent submits in batches (``handle_batch``): the requests that arrived
+while the previous batch was being written, up to ``WFJOBS_REQUEST_BATCH_MAX``,
+go to ``Jobs.submit_many`` as one statement and one commit, with no timer
+between batches. Each request of a batch is decided as it would be alone (a
+job_id repeated within or across batches is answered with the one job), and
+the batch's offsets are acknowledged only after its commit. A batch the store
+refuses for a reason other than an outage is handled again one request at a
+time, so one bad request cannot hold back the others.
+
 The offset is acknowledged only once that outcome is durable (the row
 committed, or the dead letter acknowledged by the broker). When the store, the
 registry or the broker cannot be reached the agent retries the same message in
@@ -31,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -42,7 +51,7 @@ from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
 from streams.convert import struct_to_dict
-from streams.jobs import Jobs
+from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
 
@@ -64,6 +73,9 @@ OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 
 # Sends one dead letter and returns once the broker acknowledged it.
 DeadLetter = Callable[[bytes | None, bytes | None, str], Awaitable[None]]
+
+# A message as the agent reads it: its key and value.
+Message = tuple[bytes | None, bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,19 +106,63 @@ class RequestHandler:
 
     async def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
-        try:
-            if is_framed(value or b""):
-                # A framed value may need the registry (the writer schema, once
-                # per id): a blocking HTTP call, so it runs in a worker thread.
-                request = await asyncio.to_thread(self._decoder.decode, value, topic=self._topic)
+        if is_framed(value or b""):
+            # A framed value may need the registry (the writer schema, once
+            # per id): a blocking HTTP call, so it runs in a worker thread.
+            decoded = await asyncio.to_thread(self._decode, value)
+        else:
+            decoded = self._decode(value)
+        if isinstance(decoded, str):
+            return await self.reject(key, value, decoded)
+        return await self._submit(decoded)
+
+    async def handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
+        """One attempt at many messages, one outcome each, in order.
+
+        The requests are submitted in one statement before any dead letter is
+        sent, so a retry after an outage sends no dead letter twice; transient
+        failures propagate (nothing is acknowledged), and a retry's replay is
+        absorbed by the idempotent submit.
+        """
+        values = [value for _, value in messages]
+        if any(is_framed(value or b"") for value in values):
+            decoded = await asyncio.to_thread(lambda: [self._decode(value) for value in values])
+        else:
+            decoded = [self._decode(value) for value in values]
+        requests = [request for request in decoded if not isinstance(request, str)]
+        submitted = iter(
+            await self._jobs.submit_many(
+                [
+                    SubmitRequest(
+                        job_id=uuid.UUID(request.job_id),
+                        input=struct_to_dict(request.input),
+                        workflow_name=request.workflow_name,
+                        owner=self.owner_of(request),
+                        deadline_ms=request.deadline_ms or None,
+                    )
+                    for request in requests
+                ],
+                record_refusals=True,
+            )
+            if requests
+            else []
+        )
+        outcomes: list[Outcome] = []
+        for (key, value), request in zip(messages, decoded, strict=True):
+            if isinstance(request, str):
+                outcomes.append(await self.reject(key, value, request))
             else:
-                request = self._decoder.decode(value, topic=self._topic)
+                outcomes.append(_outcome(next(submitted)))
+        return outcomes
+
+    def _decode(self, value: bytes | None) -> WorkflowRunRequest | str:
+        """The request, or why it goes to the dead-letter topic."""
+        try:
+            request = self._decoder.decode(value, topic=self._topic)
         except UndecodableMessage as exc:
-            return await self.reject(key, value, exc.message)
+            return exc.message
         problems = violations(request)
-        if problems:
-            return await self.reject(key, value, "; ".join(problems))
-        return await self._submit(request)
+        return "; ".join(problems) if problems else request
 
     async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
         """Send the message to the dead-letter topic with ``reason``."""
@@ -132,10 +188,14 @@ class RequestHandler:
             owner=self.owner_of(request),
             deadline_ms=request.deadline_ms or None,
         )
-        kind: OutcomeKind = "failed" if submitted.refused else "submitted"
-        if not submitted.created:
-            kind = "existing"
-        return Outcome(kind, submitted.job.job_id, submitted.refused)
+        return _outcome(submitted)
+
+
+def _outcome(submitted: Submitted) -> Outcome:
+    kind: OutcomeKind = "failed" if submitted.refused else "submitted"
+    if not submitted.created:
+        kind = "existing"
+    return Outcome(kind, submitted.job.job_id, submitted.refused)
 
 
 async def handle_until_done(
@@ -182,6 +242,47 @@ async def handle_until_done(
                 log.exception(
                     "request not handled; retrying in %.1fs (failure %d)", pause, failures
                 )
+        await asyncio.sleep(pause)
+
+
+async def handle_batch_until_done(
+    handler: RequestHandler,
+    messages: Sequence[Message],
+    *,
+    base_s: float = 0.2,
+    cap_s: float = 30.0,
+    max_defects: int = 3,
+) -> list[Outcome]:
+    """``handler.handle_batch`` until it succeeds: an outage is waited out, never skipped.
+
+    Any other failure is handled again one message at a time
+    (``handle_until_done``), so a request that trips a defect is retried and
+    dead-lettered on its own while the rest of the batch is submitted.
+    """
+    backoff = Backoff(base_s, max(base_s, cap_s))
+    while True:
+        try:
+            return await handler.handle_batch(messages)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not _worth_waiting_out(exc):
+                log.exception("a batch of %d requests failed; one at a time now", len(messages))
+                return [
+                    await handle_until_done(
+                        handler, key, value, base_s=base_s, cap_s=cap_s, max_defects=max_defects
+                    )
+                    for key, value in messages
+                ]
+            pause = backoff.next()
+            log.warning(
+                "%d requests not handled (%s: %s); retrying in %.1fs (failure %d)",
+                len(messages),
+                type(exc).__name__,
+                exc,
+                pause,
+                backoff.failures,
+            )
         await asyncio.sleep(pause)
 
 
@@ -232,13 +333,31 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
         # and also when the agent is cancelled mid-event; only the explicit ack
         # below, after the outcome is durable, may move the offset.
         manual = cast(Any, stream).noack()
-        event: EventT[bytes]
-        async for event in manual.events():
-            key = event.key if isinstance(event.key, bytes) or event.key is None else None
-            value = event.value if isinstance(event.value, bytes) else None
-            outcome = await handle_until_done(handler, key, value, cap_s=settings.store_retry_max_s)
-            log.debug("request at offset %s: %s", event.message.offset, outcome.kind)
-            await manual.ack(event)
+        # Holds what arrives while a batch is written; full, it stops the
+        # reading, so at most two batches are read and not yet acknowledged.
+        waiting: asyncio.Queue[EventT[bytes]] = asyncio.Queue(settings.request_batch_max)
+
+        async def read() -> None:
+            event: EventT[bytes]
+            async for event in manual.events():
+                await waiting.put(event)
+
+        async def submit() -> None:
+            while True:
+                batch = [await waiting.get()]
+                while len(batch) < settings.request_batch_max and not waiting.empty():
+                    batch.append(waiting.get_nowait())
+                outcomes = await handle_batch_until_done(
+                    handler, [_message(event) for event in batch], cap_s=settings.store_retry_max_s
+                )
+                for event, outcome in zip(batch, outcomes, strict=True):
+                    log.debug("request at offset %s: %s", event.message.offset, outcome.kind)
+                    await manual.ack(event)
+
+        # Either task failing stops the other and fails the agent, loudly.
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(read())
+            tasks.create_task(submit())
 
     app.agent(requests, name=defaults.REQUESTS_TOPIC)(consume)
     # Every partition of the topic must have an owner in the group, or no
@@ -246,9 +365,17 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
     install_ownership(app, runtime, settings.requests_topic)
 
 
+def _message(event: EventT[bytes]) -> Message:
+    key = event.key if isinstance(event.key, bytes) or event.key is None else None
+    value = event.value if isinstance(event.value, bytes) else None
+    return key, value
+
+
 __all__ = [
+    "Message",
     "Outcome",
     "RequestHandler",
+    "handle_batch_until_done",
     "handle_until_done",
     "register_request_agent",
 ]

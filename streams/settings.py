@@ -184,6 +184,9 @@ class Settings:
     shutdown_grace_s: float = field(default=10.0, metadata={"env": "WFJOBS_SHUTDOWN_GRACE_S"})
     # Cap of the backoff the request agent uses while the store is unreachable.
     store_retry_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_STORE_RETRY_MAX_S"})
+    # Most requests the request agent submits in one statement: those waiting
+    # when the previous batch committed, up to this many.
+    request_batch_max: int = field(default=500, metadata={"env": "WFJOBS_REQUEST_BATCH_MAX"})
     # Request topic ownership (streams.ownership): how often the group is
     # described, how long partitions may stay unowned in a stable group before
     # this member rejoins, and how long after that before the process exits.
@@ -384,6 +387,7 @@ class Settings:
             "topic_partitions",
             "topic_replicas",
             "store_retry_max_s",
+            "request_batch_max",
             "ownership_check_s",
             "unowned_rejoin_s",
             "unowned_exit_s",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from schemas.errors import InvalidArgument
 from workflows.compiler import check_envelope_limits, compile_definition
 from workflows.envelope import DefinitionError, definition_hash
 from workflows.protojson import describe_value
@@ -95,11 +96,14 @@ class DefinitionCache:
         await loop.run_in_executor(_COMPILE_THREADS, checker.check, envelope)
         return await loop.run_in_executor(_COMPILE_THREADS, self._compile, envelope, key)
 
-    async def validate_input(self, compiled: CompiledWorkflow, input: Any) -> dict[str, Any]:
-        """``compiled.validate_input(input)`` on a compile thread: it runs the first
-        step's rules against the input, whose size the submitter chooses."""
+    async def validate_inputs(
+        self, checks: Sequence[tuple[CompiledWorkflow, Any]]
+    ) -> list[dict[str, Any] | InvalidArgument]:
+        """Each ``compiled.validate_input(input)``, or why that input does not fit,
+        on a compile thread, one hop for them all: it runs the first step's rules
+        against each input, whose size the submitter chooses."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_COMPILE_THREADS, compiled.validate_input, input)
+        return await loop.run_in_executor(_COMPILE_THREADS, _validate_each, checks)
 
     def _prepare(self, envelope: Mapping[str, Any], checker: DefinitionChecker) -> str:
         key = definition_hash(envelope)
@@ -123,6 +127,18 @@ class DefinitionCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+def _validate_each(
+    checks: Sequence[tuple[CompiledWorkflow, Any]],
+) -> list[dict[str, Any] | InvalidArgument]:
+    checked: list[dict[str, Any] | InvalidArgument] = []
+    for compiled, input in checks:
+        try:
+            checked.append(compiled.validate_input(input))
+        except InvalidArgument as exc:
+            checked.append(exc)
+    return checked
 
 
 # A process-wide cache for callers that have no reason to keep their own.

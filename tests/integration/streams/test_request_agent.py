@@ -18,6 +18,7 @@ from schemas.contract import WorkflowRunRequest
 from schemas.errors import ResourceExhausted
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
+from streams import jobs as jobs_module
 from streams.admission import Admission, QueueDepth
 from streams.request_agent import RequestHandler, handle_until_done
 from streams.runtime import Runtime
@@ -120,16 +121,17 @@ async def test_a_store_outage_is_waited_out_not_skipped(
     handler: RequestHandler, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = runtime.require_runs()
-    real_submit = runs.submit
+    # Every submit writes through this one statement.
+    real_submit = jobs_module.submit_rows
     failures = {"left": 3}
 
-    async def flaky_submit(**kwargs: Any) -> Any:
+    async def flaky_submit(*args: Any, **kwargs: Any) -> Any:
         if failures["left"]:
             failures["left"] -= 1
             raise psycopg.OperationalError("connection refused")
-        return await real_submit(**kwargs)
+        return await real_submit(*args, **kwargs)
 
-    monkeypatch.setattr(runs, "submit", flaky_submit)
+    monkeypatch.setattr(jobs_module, "submit_rows", flaky_submit)
     job_id = str(uuid.uuid4())
     outcome = await handle_until_done(handler, None, request(job_id), base_s=0.01, cap_s=0.05)
     assert outcome.kind == "submitted"

@@ -1,0 +1,202 @@
+"""The request agent's batches, in-process on a real Postgres (Kafka-free).
+
+A batch is decided message by message as the agent decides one alone, but
+submitted in one statement; the Faust loop around it acknowledges the batch's
+offsets only after ``handle_batch_until_done`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from schemas.contract import WorkflowRunRequest
+from schemas.serde import RequestDecoder
+from store.outbox import Outbox
+from store.pool import Pool
+from streams import jobs as jobs_module
+from streams.request_agent import Message, RequestHandler, handle_batch_until_done
+from streams.runtime import Runtime
+from streams.settings import Settings
+from tests.workflows_fixtures import envelope, make_registry
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, bytes | None, str]] = []
+
+    async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
+        self.sent.append((key, value, reason))
+
+
+@pytest.fixture
+async def runtime(dsn: str) -> AsyncIterator[Runtime]:
+    settings = Settings.from_env(
+        {"DATABASE_URL": dsn, "WFJOBS_ROLES": "api", "WFJOBS_WORKER_ID": "agent-test"}
+    )
+    started = Runtime(settings, registry=make_registry())
+    await started.start()
+    await started.require_definitions().put("stored", envelope(name="stored"))
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
+@pytest.fixture
+def letters() -> Letters:
+    return Letters()
+
+
+@pytest.fixture
+def handler(runtime: Runtime, letters: Letters) -> RequestHandler:
+    return RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
+
+
+def request(job_id: uuid.UUID | str, name: str = "stored", **input: Any) -> bytes:
+    message = WorkflowRunRequest(job_id=str(job_id), workflow_name=name)
+    message.input.update(input or {"text": "hello"})
+    return message.SerializeToString()
+
+
+async def rows_of(pool: Pool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with pool.connection() as conn:
+        return await (await conn.execute(sql.encode(), params)).fetchall()
+
+
+async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
+    handler: RequestHandler, runtime: Runtime, letters: Letters
+) -> None:
+    runs = runtime.require_runs()
+    earlier, good, other, unknown, bad_input = (uuid.uuid4() for _ in range(5))
+    assert (await handler.handle(None, request(earlier))).kind == "submitted"
+    garbage = b"\xff\xfe not protobuf"
+    messages: list[Message] = [
+        (b"k1", request(good)),
+        (b"k2", garbage),
+        (b"k3", request(unknown, name="missing")),
+        (b"k4", request(good, text="the same id again")),
+        (b"k5", request(earlier)),
+        (b"k6", request(bad_input, txt="typo")),
+        (b"k7", request("42")),
+        (b"k8", request(other)),
+    ]
+    outcomes = await handler.handle_batch(messages)
+    assert [outcome.kind for outcome in outcomes] == [
+        "submitted",
+        "dead_lettered",
+        "failed",
+        "existing",
+        "existing",
+        "failed",
+        "dead_lettered",
+        "submitted",
+    ]
+    assert [outcome.job_id for outcome in outcomes] == [
+        good,
+        None,
+        unknown,
+        good,
+        earlier,
+        bad_input,
+        None,
+        other,
+    ]
+    assert [(key, reason) for key, _, reason in letters.sent] == [
+        (b"k2", letters.sent[0][2]),
+        (b"k7", "job_id: must be a valid UUID"),
+    ]
+    assert letters.sent[0][1] == garbage
+
+    # The first request naming an id decides the job.
+    assert (await runs.get(good)).input["text"] == "hello"
+    assert (await runs.get(unknown)).error == "unknown workflow 'missing': no stored definition"
+    assert "txt" in ((await runs.get(bad_input)).error or "")
+    assert (await runs.get(other)).status == "QUEUED"
+
+    written = [good, unknown, bad_input, other]
+    xmins = await rows_of(
+        runs.pool, "SELECT DISTINCT xmin::text FROM workflow_run WHERE job_id = ANY(%s)", written
+    )
+    assert len(xmins) == 1
+    outbox = Outbox(runs.pool)
+    for job_id, kind in ((good, "ACCEPTED"), (unknown, "FAILED"), (earlier, "ACCEPTED")):
+        assert [record.event_type for record in await outbox.events_for(job_id)] == [kind]
+
+
+async def test_a_crash_between_the_commit_and_the_offsets_replays_harmlessly(
+    runtime: Runtime, letters: Letters
+) -> None:
+    committed = asyncio.Event()
+
+    async def stalls(key: bytes | None, value: bytes | None, reason: str) -> None:
+        # Dead letters are sent after the batch's commit: the process dies here.
+        committed.set()
+        await asyncio.Event().wait()
+
+    first = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=stalls, topic="t")
+    good, refused = uuid.uuid4(), uuid.uuid4()
+    messages: list[Message] = [
+        (None, request(good)),
+        (None, request(refused, name="missing")),
+        (b"dead", b"\xff"),
+    ]
+    crashed = asyncio.create_task(handle_batch_until_done(first, messages))
+    await asyncio.wait_for(committed.wait(), timeout=10)
+    crashed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await crashed
+
+    # No offset moved: the next owner of the partition reads the same batch.
+    replay = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
+    outcomes = await handle_batch_until_done(replay, messages)
+    assert [outcome.kind for outcome in outcomes] == ["existing", "existing", "dead_lettered"]
+    assert [key for key, _, _ in letters.sent] == [b"dead"]
+    outbox = Outbox(runtime.require_runs().pool)
+    assert [r.event_type for r in await outbox.events_for(good)] == ["ACCEPTED"]
+    assert [r.event_type for r in await outbox.events_for(refused)] == ["FAILED"]
+
+
+async def test_a_store_outage_holds_the_whole_batch_until_it_commits(
+    handler: RequestHandler, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = jobs_module.submit_rows
+    failures = {"left": 3}
+
+    async def flaky(pool: Pool, rows: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise psycopg.OperationalError("connection refused")
+        return await real(pool, rows)
+
+    monkeypatch.setattr(jobs_module, "submit_rows", flaky)
+    ids = [uuid.uuid4() for _ in range(3)]
+    outcomes = await handle_batch_until_done(
+        handler, [(None, request(job_id)) for job_id in ids], base_s=0.01, cap_s=0.05
+    )
+    assert [outcome.kind for outcome in outcomes] == ["submitted"] * 3
+    assert failures["left"] == 0
+    for job_id in ids:
+        assert (await runtime.require_runs().get(job_id)).status == "QUEUED"
+
+
+async def test_a_request_the_store_refuses_is_dead_lettered_alone(
+    handler: RequestHandler, runtime: Runtime, letters: Letters
+) -> None:
+    good, poisoned = uuid.uuid4(), uuid.uuid4()
+    # Postgres stores no NUL in a JSON string: the batch's statement fails, and
+    # the batch is handled again one request at a time.
+    messages: list[Message] = [
+        (b"good", request(good)),
+        (b"nul", request(poisoned, text="nul \u0000 here")),
+    ]
+    outcomes = await handle_batch_until_done(handler, messages, base_s=0.01, cap_s=0.02)
+    assert [outcome.kind for outcome in outcomes] == ["submitted", "dead_lettered"]
+    assert (await runtime.require_runs().get(good)).status == "QUEUED"
+    assert [key for key, _, _ in letters.sent] == [b"nul"]
+    assert "internal error" in letters.sent[0][2]

@@ -20,19 +20,21 @@ from __future__ import annotations
 
 from store.run_sql import PLAIN_COLUMNS, SNAPSHOT_LOCK_CLASS, job_columns
 
+# The arrays travel in binary: in text form psycopg escapes every element with a
+# regular expression, and an input or a definition is a long element.
 SUBMIT_BATCH_SQL = f"""
 WITH given AS (
     SELECT *
-      FROM unnest(%(job_id)s::uuid[], %(workflow_name)s::text[], %(definition_hash)s::text[],
-                  %(input)s::text[], %(status)s::text[], %(max_attempts)s::int[],
-                  %(error)s::text[], %(owner)s::text[], %(deadline_ms)s::bigint[],
-                  %(event_type)s::text[], %(payload)s::bytea[])
+      FROM unnest(%(job_id)b::uuid[], %(workflow_name)b::text[], %(definition_hash)b::text[],
+                  %(input)b::text[], %(status)b::text[], %(max_attempts)b::int[],
+                  %(error)b::text[], %(owner)b::text[], %(deadline_ms)b::bigint[],
+                  %(event_type)b::text[], %(payload)b::bytea[])
            AS g(job_id, workflow_name, definition_hash, input, status, max_attempts,
                 error, owner, deadline_ms, event_type, payload)
 ), snapshot_lock AS MATERIALIZED (
     SELECT s.hash, s.definition,
            pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(s.hash)) AS locked
-      FROM unnest(%(snapshot_hash)s::text[], %(snapshot)s::text[]) AS s(hash, definition)
+      FROM unnest(%(snapshot_hash)b::text[], %(snapshot)b::text[]) AS s(hash, definition)
      ORDER BY s.hash
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
@@ -60,7 +62,7 @@ WITH given AS (
 SELECT true, {PLAIN_COLUMNS} FROM inserted
 UNION ALL
 SELECT false, {job_columns("workflow_run")} FROM workflow_run
- WHERE job_id = ANY(%(job_id)s::uuid[]) AND job_id NOT IN (SELECT job_id FROM inserted)
+ WHERE job_id = ANY(%(job_id)b::uuid[]) AND job_id NOT IN (SELECT job_id FROM inserted)
 """
 
 __all__ = ["SUBMIT_BATCH_SQL"]

@@ -22,7 +22,7 @@ from uuid import UUID
 from store.errors import refused_value
 from store.pool import Pool
 from store.records import SubmitResult, job_from_row
-from store.submit_batch_sql import SUBMIT_BATCH_SQL
+from store.submit_batch_sql import SUBMIT_BATCH_SQL, SUBMIT_ONE_SQL
 
 # Every row's parameter names, in the arrays the statement unnests.
 _ROW_KEYS = (
@@ -70,7 +70,10 @@ async def submit_rows(pool: Pool, rows: Sequence[Mapping[str, Any]]) -> list[Sub
             if not pending:
                 break
             try:
-                cursor = await conn.execute(SUBMIT_BATCH_SQL, batch_params(pending))
+                if len(pending) == 1:
+                    cursor = await conn.execute(SUBMIT_ONE_SQL, dict(pending[0]))
+                else:
+                    cursor = await conn.execute(SUBMIT_BATCH_SQL, batch_params(pending))
             except Exception as exc:
                 refused = refused_value(exc, f"store a batch of {len(pending)} jobs")
                 if refused is None:

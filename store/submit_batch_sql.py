@@ -65,4 +65,33 @@ SELECT false, {job_columns("workflow_run")} FROM workflow_run
  WHERE job_id = ANY(%(job_id)b::uuid[]) AND job_id NOT IN (SELECT job_id FROM inserted)
 """
 
-__all__ = ["SUBMIT_BATCH_SQL"]
+# One job alone: the same writes without the arrays, which cost a single submit
+# (every HTTP submit) a third more CPU on both sides when it went through them.
+SUBMIT_ONE_SQL = f"""
+WITH snapshot_lock AS (
+    SELECT pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(%(definition_hash)s))
+), snapshot AS (
+    INSERT INTO workflow_definition_snapshot (hash, definition)
+    SELECT %(definition_hash)s, %(definition)s::jsonb FROM snapshot_lock
+     WHERE %(definition)s::jsonb IS NOT NULL
+       AND NOT EXISTS (SELECT FROM workflow_run WHERE job_id = %(job_id)s)
+    ON CONFLICT (hash) DO NOTHING
+), inserted AS (
+    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
+                              input, status, max_attempts, error, run_after, owner, deadline_at)
+    VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
+            %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s,
+            now() + %(deadline_ms)s::bigint * interval '1 millisecond')
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
+), event AS (
+    INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
+    SELECT job_id, %(event_type)s, %(payload)s FROM inserted
+)
+SELECT true, {PLAIN_COLUMNS} FROM inserted
+UNION ALL
+SELECT false, {job_columns("workflow_run")} FROM workflow_run
+ WHERE job_id = %(job_id)s AND NOT EXISTS (SELECT FROM inserted)
+"""
+
+__all__ = ["SUBMIT_BATCH_SQL", "SUBMIT_ONE_SQL"]

@@ -47,6 +47,7 @@ from store.errors import is_outage
 from streams.backoff import Backoff
 from streams.convert import struct_to_dict
 from streams.jobs import Jobs
+from streams.topics import declare, raw_topic
 
 if TYPE_CHECKING:
     import faust
@@ -207,22 +208,7 @@ async def answer_until_done(
 def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
     """Attach the agent consuming the completions topic to ``app``."""
     settings = runtime.settings
-    declared: dict[str, Any] = {}
-    if settings.create_topics:
-        declared = {
-            "internal": True,
-            "partitions": settings.topic_partitions,
-            "replicas": settings.topic_replicas,
-        }
-    completions = app.topic(
-        settings.completions_topic,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        **declared,
-    )
+    completions = raw_topic(app, settings, settings.completions_topic)
     registry = settings.open_registry()
     handler = CompletionHandler(
         runtime,
@@ -240,8 +226,7 @@ def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
         )
 
     async def consume(stream: StreamT[bytes]) -> None:
-        if settings.create_topics:
-            await app.topic(settings.completion_results_topic, **declared).maybe_declare()
+        await declare(app, settings, settings.completion_results_topic)
         await runtime.wait_ready()
         # Manual acks, as the request agent: only a published result moves the offset.
         manual = cast(Any, stream).noack()

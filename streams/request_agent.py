@@ -54,6 +54,7 @@ from streams.convert import struct_to_dict
 from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
+from streams.topics import declare, raw_topic
 
 if TYPE_CHECKING:
     import faust
@@ -289,23 +290,7 @@ async def handle_batch_until_done(
 def register_request_agent(app: faust.App, runtime: Runtime) -> None:
     """Attach the agent consuming the requests topic to ``app``."""
     settings = runtime.settings
-    declared: dict[str, Any] = {}
-    if settings.create_topics:
-        # Faust declares an internal topic before it subscribes to it.
-        declared = {
-            "internal": True,
-            "partitions": settings.topic_partitions,
-            "replicas": settings.topic_replicas,
-        }
-    requests = app.topic(
-        settings.requests_topic,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        **declared,
-    )
+    requests = raw_topic(app, settings, settings.requests_topic)
     decoder = RequestDecoder(settings.open_registry(), topic=settings.requests_topic)
 
     async def dead_letter(key: bytes | None, value: bytes | None, reason: str) -> None:
@@ -325,9 +310,7 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
     )
 
     async def consume(stream: StreamT[bytes]) -> None:
-        if settings.create_topics:
-            for name in (settings.dlq_topic, settings.events_topic):
-                await app.topic(name, **declared).maybe_declare()
+        await declare(app, settings, settings.dlq_topic, settings.events_topic)
         await runtime.wait_ready()
         # Manual acks: Faust acks an event when the agent asks for the next one
         # and also when the agent is cancelled mid-event; only the explicit ack

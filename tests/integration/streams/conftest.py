@@ -112,3 +112,28 @@ async def parked_job(client: TestClient[Any, Any], runtime: Runtime, text: str) 
     )
     await runs.park(claimed.lease, "review")
     return job_id
+
+
+class Letters:
+    """A dead-letter sink for the request agent's tests: what it was given."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, bytes | None, str]] = []
+
+    async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
+        self.sent.append((key, value, reason))
+
+
+@pytest.fixture
+async def runtime(dsn: str) -> AsyncIterator[Runtime]:
+    """An API-role runtime on the test's database with the workflow ``stored`` stored."""
+    settings = Settings.from_env(
+        {"DATABASE_URL": dsn, "WFJOBS_ROLES": "api", "WFJOBS_WORKER_ID": "agent-test"}
+    )
+    started = Runtime(settings, registry=make_registry())
+    await started.start()
+    await started.require_definitions().put("stored", envelope(name="stored"))
+    try:
+        yield started
+    finally:
+        await started.stop()

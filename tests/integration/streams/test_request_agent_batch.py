@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -22,30 +21,7 @@ from store.pool import Pool
 from streams import jobs as jobs_module
 from streams.request_agent import Message, RequestHandler, handle_batch_until_done
 from streams.runtime import Runtime
-from streams.settings import Settings
-from tests.workflows_fixtures import envelope, make_registry
-
-
-class Letters:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes | None, bytes | None, str]] = []
-
-    async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
-        self.sent.append((key, value, reason))
-
-
-@pytest.fixture
-async def runtime(dsn: str) -> AsyncIterator[Runtime]:
-    settings = Settings.from_env(
-        {"DATABASE_URL": dsn, "WFJOBS_ROLES": "api", "WFJOBS_WORKER_ID": "agent-test"}
-    )
-    started = Runtime(settings, registry=make_registry())
-    await started.start()
-    await started.require_definitions().put("stored", envelope(name="stored"))
-    try:
-        yield started
-    finally:
-        await started.stop()
+from tests.integration.streams.conftest import Letters
 
 
 @pytest.fixture

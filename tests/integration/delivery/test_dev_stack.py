@@ -8,7 +8,8 @@ as written, in order, with the job id the submit printed in place of
 exports ``wfjobs dev`` prints when its default ports are taken.
 
 A stack given a folder keeps its work there: stopped and started again on the
-same folder, it has the jobs and workflows of the first run, on the same port.
+same folder, it has the jobs and workflows of the first run (the walk-through's
+among them), on the same port.
 """
 
 from __future__ import annotations
@@ -61,13 +62,6 @@ def use(stack: DevStack, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[DevStack]:
-    with DevStack(web_port=free_port(), kafka_port=None) as running:
-        use(running, monkeypatch)
-        yield running
-
-
-@pytest.fixture
 def dev_folder() -> Iterator[Path]:
     """A folder for a stack's kept data, like ``.wfjobs-dev`` in a checkout.
 
@@ -115,9 +109,8 @@ def wait_for_status(
         time.sleep(0.2)
 
 
-def test_the_readme_walkthrough_runs_the_sample_to_completed(
-    stack: DevStack, capsys: pytest.CaptureFixture[str]
-) -> None:
+def run_the_readme_walkthrough(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every ``$ wfjobs`` line of the walk-through against a fresh stack, checked."""
     stored = json.loads(wfjobs(capsys, ["--json", "workflows", "list"]))["workflows"]
     assert [workflow["name"] for workflow in stored] == [SAMPLE_WORKFLOW_NAME]
     # The README's file, stored again by hand: the same definition, accepted as is.
@@ -197,13 +190,14 @@ def test_tansu_takes_the_port_it_is_given() -> None:
         assert broker.bootstrap_servers == f"127.0.0.1:{port}"
 
 
-def test_a_restart_keeps_jobs_workflows_and_the_port(
+def test_the_readme_walkthrough_then_a_restart_keeps_jobs_workflows_and_the_port(
     dev_folder: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = free_port()
     with DevStack(web_port=port, kafka_port=None, workdir=dev_folder) as first:
         use(first, monkeypatch)
         assert first.url == f"http://127.0.0.1:{port}"
+        run_the_readme_walkthrough(capsys)
         banner = next_steps(first)
         assert str(dev_folder) in banner and "wfjobs dev --fresh" in banner
         assert "in memory: events are lost at stop" in banner

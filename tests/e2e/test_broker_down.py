@@ -74,8 +74,11 @@ async def test_a_worker_starts_while_its_broker_is_down(
     try:
         await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
+        # Every topic the worker subscribes to exists before it joins: a topic
+        # created under a joining group rebalances it again (see the harness).
         topics = {
-            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}" for name in ("requests", "dlq", "events")
+            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
+            for name in ("requests", "dlq", "events", "completions", "completion-results")
         }
         ensure_topics(bootstrap, topics.values(), partitions=1)
         broker.halt()
@@ -92,6 +95,8 @@ async def test_a_worker_starts_while_its_broker_is_down(
                 "WFJOBS_REQUESTS_TOPIC": topics["requests"],
                 "WFJOBS_REQUESTS_DLQ_TOPIC": topics["dlq"],
                 "WFJOBS_EVENTS_TOPIC": topics["events"],
+                "WFJOBS_COMPLETIONS_TOPIC": topics["completions"],
+                "WFJOBS_COMPLETION_RESULTS_TOPIC": topics["completion-results"],
                 "WFJOBS_GROUP": f"e2e-{uuid.uuid4().hex[:8]}",
                 "WFJOBS_BROKER_RETRY_MAX_S": "1",
                 "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",

@@ -381,9 +381,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # the short modules at the end fill the gaps. A module not listed counts as short.
 _MODULE_SECONDS = {
     "tests/e2e/test_soak.py": 71,
-    "tests/e2e/test_roles.py": 66,
     "tests/e2e/test_ownership.py": 62,
-    "tests/integration/delivery/test_relay_outage.py": 58,
+    "tests/e2e/test_roles.py": 42,
+    "tests/integration/delivery/test_relay_outage.py": 40,
     "tests/integration/delivery/test_dev_stack.py": 40,
     "tests/integration/delivery/test_relay.py": 30,
     "tests/integration/security/test_kafka_modes.py": 26,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -13,26 +13,42 @@ from tests.e2e.harness import Stack
 # The requests and events topics have this many partitions; the DLQ has one.
 PARTITIONS = 3
 
+MakeStack = Callable[[], Awaitable[Stack]]
+
 
 @pytest.fixture
-async def stack(
+async def make_stack(
     make_database: Callable[[], str],
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
     tmp_path: Path,
-) -> AsyncIterator[Stack]:
-    dsn = make_database(migrated=True)
-    topics = {
-        "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
-        "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),
-        "events": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-events"),
-        "completions": new_topic(kafka_bootstrap, 1, prefix="e2e-completions"),
-        "completion_results": new_topic(kafka_bootstrap, 1, prefix="e2e-completion-results"),
-    }
-    pool = await open_pool(dsn, min_size=1, max_size=4)
-    built = Stack(dsn=dsn, bootstrap=kafka_bootstrap, topics=topics, tmp=tmp_path, pool=pool)
+) -> AsyncIterator[MakeStack]:
+    """Factory: a new stack per call (its own database and topics); all stopped at teardown."""
+    made: list[Stack] = []
+
+    async def make() -> Stack:
+        dsn = make_database(migrated=True)
+        topics = {
+            "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
+            "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),
+            "events": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-events"),
+            "completions": new_topic(kafka_bootstrap, 1, prefix="e2e-completions"),
+            "completion_results": new_topic(kafka_bootstrap, 1, prefix="e2e-completion-results"),
+        }
+        pool = await open_pool(dsn, min_size=1, max_size=4)
+        tmp = tmp_path / f"stack-{len(made)}" if made else tmp_path
+        tmp.mkdir(exist_ok=True)
+        made.append(Stack(dsn=dsn, bootstrap=kafka_bootstrap, topics=topics, tmp=tmp, pool=pool))
+        return made[-1]
+
     try:
-        yield built
+        yield make
     finally:
-        built.stop_workers()
-        await pool.close()
+        for built in made:
+            built.stop_workers()
+            await built.pool.close()
+
+
+@pytest.fixture
+async def stack(make_stack: MakeStack) -> Stack:
+    return await make_stack()

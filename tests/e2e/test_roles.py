@@ -2,7 +2,9 @@
 
 Every process here is a real ``faust -A streams.app worker``. A process without
 the ``worker`` role starts no Faust Kafka client at all, so any combination of
-roles runs on its own.
+roles runs on its own. The three single-role processes share one database and
+carry jobs side by side; the four combinations of several roles run on a
+database of their own, so they take none of those jobs.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import itertools
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 
 import httpx
 import pytest
 
 from devstack.stack import WorkerProcess
 from store.pool import Pool
-from tests.e2e.conftest import PARTITIONS
+from tests.e2e.conftest import PARTITIONS, MakeStack
 from tests.e2e.harness import (
     Stack,
     type_name,
@@ -40,8 +43,12 @@ ROLES = ("api", "relay", "worker")
 COMBINATIONS = [
     ",".join(combo) for size in (1, 2, 3) for combo in itertools.combinations(ROLES, size)
 ]
-# The API-only process also runs the other auth mode: no tokens at all.
-AUTH_OFF = "api"
+# One API process runs the other auth mode: no tokens at all.
+AUTH_OFF = "api,relay"
+SPLIT = ("api", "relay", "worker")
+# How long every process is health-checked at least: a process that would die
+# once a Kafka client of Faust's gave up on it does so within seconds.
+WATCH_S = 20.0
 # Faust logs each service it starts; these are its Kafka clients.
 FAUST_KAFKA_CLIENTS = ("[^--Consumer]: Starting", "[^--Producer]: Starting")
 
@@ -61,10 +68,10 @@ async def _settled(pool: Pool) -> int:
     return int(row[0])
 
 
-async def test_api_relay_and_worker_processes_side_by_side(stack: Stack) -> None:
-    api = await stack.start_worker("api-1", WFJOBS_ROLES="api")
-    relay = await stack.start_worker("relay-1", WFJOBS_ROLES="relay")
-    worker = await stack.start_worker("worker-1", WFJOBS_ROLES="worker")
+async def _carry_jobs_side_by_side(
+    stack: Stack, api: WorkerProcess, relay: WorkerProcess, worker: WorkerProcess
+) -> None:
+    """Jobs submitted through ``api``, run by ``worker``, their events published by ``relay``."""
     workflow = envelope(name="e2e-split", review="invoke")
     await stack.put_workflow(api, workflow)
 
@@ -97,7 +104,7 @@ async def test_api_relay_and_worker_processes_side_by_side(stack: Stack) -> None
         raise AssertionError(f"not all jobs settled\n{stack.worker_logs()}") from None
     jobs = [await stack.job(job_id) for job_id in job_ids]
     assert Counter(job.status for job in jobs) == {"COMPLETED": JOBS}
-    assert {job.lease_owner for job in jobs} == {"worker-1"}
+    assert {job.lease_owner for job in jobs} == {worker.name}
 
     # Every outbox row was published, and each reached the topic exactly once.
     async def outbox_published() -> list[tuple[int, str]] | None:
@@ -133,20 +140,27 @@ async def test_api_relay_and_worker_processes_side_by_side(stack: Stack) -> None
     finally:
         reader.close()
 
-    for process in (api, relay, worker):
-        assert process.exit_code() is None, process.log_tail()
-    # Only the worker role runs Faust's Kafka clients; the relay has its own producer.
-    assert _faust_kafka_started(api) == []
-    assert _faust_kafka_started(relay) == []
-    assert _faust_kafka_started(worker) == list(FAUST_KAFKA_CLIENTS)
-    for process in (api, relay, worker):
-        assert process.stop() == 0, process.log_tail()
+
+async def _watch_health(processes: Mapping[str, WorkerProcess], done: asyncio.Event) -> None:
+    """Every process alive and healthy, with its roles, until ``done`` and for ``WATCH_S``."""
+    until = time.monotonic() + WATCH_S
+    async with httpx.AsyncClient(timeout=5) as http:
+        while not done.is_set() or time.monotonic() < until:
+            for roles, process in processes.items():
+                assert process.exit_code() is None, (roles, process.log_tail())
+                answer = await http.get(f"{process.url}/healthz")
+                assert answer.status_code == 200, (roles, answer.text)
+                assert answer.json()["roles"] == sorted(roles.split(","))
+            await asyncio.sleep(2)
 
 
-async def test_every_combination_of_roles_runs_alone(stack: Stack) -> None:
-    workers = await asyncio.gather(
+async def test_every_combination_of_roles_runs_alone_and_split_roles_carry_jobs(
+    make_stack: MakeStack,
+) -> None:
+    split, combined = await make_stack(), await make_stack()
+    started = await asyncio.gather(
         *(
-            stack.start_worker(
+            (split if roles in SPLIT else combined).start_worker(
                 f"roles-{roles.replace(',', '-')}",
                 WFJOBS_ROLES=roles,
                 WFJOBS_AUTH="off" if roles == AUTH_OFF else "on",
@@ -154,30 +168,33 @@ async def test_every_combination_of_roles_runs_alone(stack: Stack) -> None:
             for roles in COMBINATIONS
         )
     )
-    assert len(workers) == 7
+    processes = dict(zip(COMBINATIONS, started, strict=True))
+    assert len(processes) == 7
+
     async with httpx.AsyncClient(timeout=5) as http:
-        for roles, worker in zip(COMBINATIONS, workers, strict=True):
+        for roles, process in processes.items():
             if "api" not in roles:
                 continue
-            tokenless = await http.get(f"{worker.url}/v1/workflow-runs")
+            tokenless = await http.get(f"{process.url}/v1/workflow-runs")
             if roles == AUTH_OFF:
                 assert tokenless.status_code == 200, tokenless.text
-                assert "WFJOBS_AUTH=off" in worker.log_tail(200)
+                assert "WFJOBS_AUTH=off" in process.log_tail(200)
             else:
                 assert tokenless.status_code == 401, (roles, tokenless.text)
-        # Half a minute of health checks: a process that would die once a
-        # Kafka client of Faust's gave up on it does so within seconds.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for roles, worker in zip(COMBINATIONS, workers, strict=True):
-                assert worker.exit_code() is None, (roles, worker.log_tail())
-                answer = await http.get(f"{worker.url}/healthz")
-                assert answer.status_code == 200, (roles, answer.text)
-                assert answer.json()["roles"] == sorted(roles.split(","))
-            await asyncio.sleep(2)
-    for roles, worker in zip(COMBINATIONS, workers, strict=True):
-        started = _faust_kafka_started(worker)
-        assert started == (list(FAUST_KAFKA_CLIENTS) if "worker" in roles else []), roles
-    codes = await asyncio.gather(*(asyncio.to_thread(worker.stop) for worker in workers))
-    for roles, worker, code in zip(COMBINATIONS, workers, codes, strict=True):
-        assert code == 0, (roles, worker.log_tail())
+
+    done = asyncio.Event()
+    watching = asyncio.create_task(_watch_health(processes, done))
+    try:
+        api, relay, worker = (processes[roles] for roles in SPLIT)
+        await _carry_jobs_side_by_side(split, api, relay, worker)
+    finally:
+        done.set()
+    await watching
+
+    for roles, process in processes.items():
+        kafka_clients = _faust_kafka_started(process)
+        # Only the worker role runs Faust's Kafka clients; the relay has its own producer.
+        assert kafka_clients == (list(FAUST_KAFKA_CLIENTS) if "worker" in roles else []), roles
+    codes = await asyncio.gather(*(asyncio.to_thread(process.stop) for process in started))
+    for roles, process, code in zip(COMBINATIONS, started, codes, strict=True):
+        assert code == 0, (roles, process.log_tail())

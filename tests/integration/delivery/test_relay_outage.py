@@ -35,7 +35,7 @@ from tests.integration.streams.conftest import serve
 
 pytestmark = pytest.mark.kafka
 
-MESSAGE_TIMEOUT_MS = 2000
+MESSAGE_TIMEOUT_MS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ async def test_a_broker_outage_longer_than_ten_message_timeouts_fails_no_event(
         topic=topic,
         serializer=event_serializer(registry=None, topic=topic),
         interval_s=0.05,
-        backoff_max_s=1.0,
+        backoff_max_s=0.3,
     )
     jobs = [await submit(store) for _ in range(6)]
     leases = await claim_all(store, jobs)

@@ -181,7 +181,10 @@ class GroupCommit:
             for name in EVENT_TYPE_PARAMS[kind]:
                 params[name] = self.event_types[name]
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(group_commit_sql(kinds), params)
+            # Prepared from its first use on each connection: a freshly opened
+            # pool would otherwise parse and plan this long statement the first
+            # five times on every connection (psycopg's prepare_threshold).
+            cursor = await conn.execute(group_commit_sql(kinds), params, prepare=True)
             rows_back = await cursor.fetchall()
         self.stats.flushes += 1
         self.stats.rows += len(batch)

@@ -405,10 +405,12 @@ class RunStore:
             raise InvalidArgument(f"claim limit must be at least 1, got {limit}")
         params = {"limit": limit, "worker_id": worker_id, "lease_s": self.lease_s}
         async with self._pool.connection() as conn:
-            # One round trip: BEGIN, the planner setting, the claim, COMMIT.
+            # One round trip: BEGIN, the planner setting, the claim, COMMIT;
+            # prepared from the first claim on each connection, as the group
+            # commit's statement is.
             async with conn.pipeline(), conn.transaction():
-                await conn.execute(CLAIM_PLANNER_SQL)
-                cursor = await conn.execute(CLAIM_SQL, params)
+                await conn.execute(CLAIM_PLANNER_SQL, prepare=True)
+                cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
             rows = await cursor.fetchall()
         arrived_at = _now()
         jobs = sorted(

@@ -70,10 +70,15 @@ async def submit_rows(pool: Pool, rows: Sequence[Mapping[str, Any]]) -> list[Sub
             if not pending:
                 break
             try:
+                # Prepared from the first use on each connection: every submit
+                # runs one of these two, so parsing and planning them again on
+                # each new connection's first executions buys nothing.
                 if len(pending) == 1:
-                    cursor = await conn.execute(SUBMIT_ONE_SQL, dict(pending[0]))
+                    cursor = await conn.execute(SUBMIT_ONE_SQL, dict(pending[0]), prepare=True)
                 else:
-                    cursor = await conn.execute(SUBMIT_BATCH_SQL, batch_params(pending))
+                    cursor = await conn.execute(
+                        SUBMIT_BATCH_SQL, batch_params(pending), prepare=True
+                    )
             except Exception as exc:
                 refused = refused_value(exc, f"store a batch of {len(pending)} jobs")
                 if refused is None:

@@ -209,7 +209,7 @@ def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
     """Attach the agent consuming the completions topic to ``app``."""
     settings = runtime.settings
     completions = raw_topic(app, settings, settings.completions_topic)
-    registry = settings.open_registry()
+    registry = runtime.schema_registry
     handler = CompletionHandler(
         runtime,
         decoder=MessageDecoder(StepCompletion, registry, topic=settings.completions_topic),

@@ -51,6 +51,7 @@ from uuid import UUID
 
 import mode
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf.message import Error as ProtobufError
 
@@ -657,10 +658,15 @@ def build_relay(
     wake: asyncio.Event | None = None,
     producer_overrides: Mapping[str, Any] | None = None,
     name: str | None = None,
+    registry: SchemaRegistryClient | None = None,
 ) -> OutboxRelay:
-    """The relay the settings describe: registry and format, topic, timings, batch."""
+    """The relay the settings describe: registry and format, topic, timings, batch.
+
+    ``registry`` is the process's client of the settings' registry, if it has
+    one already; otherwise the relay opens its own.
+    """
     serializer = event_serializer(
-        registry=settings.open_registry(),
+        registry=registry if registry is not None else settings.open_registry(),
         topic=settings.events_topic,
         event_format=settings.event_format,
         auto_register=settings.schema_registry_auto_register,

@@ -291,7 +291,7 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
     """Attach the agent consuming the requests topic to ``app``."""
     settings = runtime.settings
     requests = raw_topic(app, settings, settings.requests_topic)
-    decoder = RequestDecoder(settings.open_registry(), topic=settings.requests_topic)
+    decoder = RequestDecoder(runtime.schema_registry, topic=settings.requests_topic)
 
     async def dead_letter(key: bytes | None, value: bytes | None, reason: str) -> None:
         # Waits for the broker's acknowledgement: the request's own offset must

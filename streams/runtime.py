@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,8 @@ from workflows.invokers import (
 from workflows.steps import CompiledWorkflow
 
 if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
     from streams.relay import OutboxRelay
 
 log = logging.getLogger(__name__)
@@ -216,7 +219,10 @@ class Runtime(mode.Service):
 
             assert self.listener is not None
             self.relay = build_relay(
-                settings, self.outbox, wake=self.listener.subscribe(OUTBOX_CHANNEL)
+                settings,
+                self.outbox,
+                wake=self.listener.subscribe(OUTBOX_CHANNEL),
+                registry=self.schema_registry,
             )
         # Children stop in the reverse of this order: the claim loops first,
         # the LISTEN connection last. The pool outlives them all (on_shutdown).
@@ -249,6 +255,15 @@ class Runtime(mode.Service):
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    @functools.cached_property
+    def schema_registry(self) -> SchemaRegistryClient | None:
+        """The process's one client of ``WFJOBS_SCHEMA_REGISTRY_URL`` (``None`` without one).
+
+        Shared by the relay and the agents, so a schema id looked up by one is
+        known to the others.
+        """
+        return self.settings.open_registry()
 
     # ------------------------------------------------------------------ stores
 

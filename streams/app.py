@@ -31,7 +31,7 @@ import gc
 # cost a worker about a third of a CPU-second per start; so collection waits
 # until they are loaded, and then they are set aside (``gc.freeze``). The few
 # thousand cyclic leftovers of the imports are set aside with them: a bounded,
-# one-time cost of well under a megabyte.
+# one-time cost of about half a megabyte.
 gc.disable()
 
 import os

@@ -5,11 +5,12 @@ unit tests never pay for one. A server that cannot start errors every test that
 needs it, with the reason and the server's log tail; nothing is skipped, in CI
 or anywhere else.
 
-Under pytest-xdist (``-n N``) the controller starts one Postgres, one Apache
-Kafka and one Schema Registry before the workers exist and hands them their
-addresses in ``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS`` and
-``WFJOBS_TEST_SCHEMA_REGISTRY_URL``, so every worker adopts the same servers as
-it would servers the user named. Addresses the user already set are kept.
+Under pytest-xdist (``-n N``) the controller starts one Postgres and one Apache
+Kafka before the workers exist and hands them their addresses in
+``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS``, so every worker adopts the
+same servers as it would servers the user named. Addresses the user already set
+are kept. The Schema Registry serves one module, which runs on one worker: that
+worker starts it when the module first asks, while the others run their tests.
 
 Migrations run once per session, into a template database; a test's migrated
 database is a copy of it (``CREATE DATABASE ... TEMPLATE``), which is far
@@ -390,6 +391,7 @@ _MODULE_SECONDS = {
     "tests/e2e/test_deadlines.py": 25,
     "tests/e2e/test_requests_topic.py": 21,
     "tests/integration/delivery/test_cli_settings.py": 20,
+    "tests/integration/contract/test_registry_contract.py": 20,
     "tests/integration/streams/test_ownership.py": 19,
     "tests/e2e/test_loop_crash.py": 17,
     "tests/integration/test_install.py": 15,
@@ -424,7 +426,7 @@ def _start_rank(item: pytest.Item) -> tuple[int, str]:
 # --------------------------------------------------------------------------- xdist controller
 
 # Services the controller started for its workers; stopped by pid when it ends.
-_SHARED: list[PostgresService | ApacheKafkaService | SchemaRegistryService] = []
+_SHARED: list[PostgresService | ApacheKafkaService] = []
 _SHARED_TEMPLATE: list[tuple[PostgresService, str]] = []
 # Scratch directories of the controller (the shared broker's certificates).
 _SHARED_DIRS: list[Path] = []
@@ -449,7 +451,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # Before xdist starts its workers (at session start), so they inherit the
     # addresses. Each service adopts the one the environment names, if any.
-    # The three start side by side: each spends most of its start waiting.
+    # The two start side by side: each spends most of its start waiting.
     postgres = PostgresService(settings=SUITE_POSTGRES_SETTINGS)
     listener: SaslSslListener | None = None
     ca_file = ""
@@ -458,8 +460,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _SHARED_DIRS.append(certificates)
         listener, ca_file = new_sasl_listener(certificates)
     kafka = ApacheKafkaService(sasl_ssl=listener)
-    registry = SchemaRegistryService()
-    _SHARED.extend((postgres, kafka, registry))
+    _SHARED.extend((postgres, kafka))
 
     def start_postgres() -> str:
         postgres.start()
@@ -468,12 +469,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return template
 
     warming = _warm_rewritten_test_modules(config)
-    with ThreadPoolExecutor(3) as starting:
+    with ThreadPoolExecutor(2) as starting:
         template = starting.submit(start_postgres)
-        started = [starting.submit(kafka.start), starting.submit(registry.start)]
+        broker = starting.submit(kafka.start)
         template_name = template.result()
-        for future in started:
-            future.result()
+        broker.result()
     warming.wait()
     os.environ["DATABASE_URL"] = postgres.dsn
     os.environ[TEMPLATE_ENV] = template_name
@@ -482,7 +482,6 @@ def pytest_configure(config: pytest.Config) -> None:
         sasl = _sasl_of(kafka, listener, ca_file)
         for field, name in SASL_ENV.items():
             os.environ[name] = getattr(sasl, field)
-    os.environ["WFJOBS_TEST_SCHEMA_REGISTRY_URL"] = registry.url
 
 
 def _warm_rewritten_test_modules(config: pytest.Config) -> subprocess.Popen[bytes]:

@@ -5,6 +5,7 @@ assignor is tested with a worker process, in tests/e2e/test_ownership.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -267,6 +268,25 @@ def own_kafka() -> Iterator[ApacheKafkaService]:
         yield broker
 
 
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state of each thread of ``pid`` (``T``: stopped)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as stat:
+            states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    return states
+
+
+async def _all_threads_stopped(pid: int, *, timeout_s: float) -> str:
+    """Once every thread of ``pid`` is in the stopped state: their states, for messages."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _thread_states(pid)
+        if set(states) <= {"T", "t"} or time.monotonic() > deadline:
+            return f"pid {pid}, thread states {''.join(sorted(states))}"
+        await asyncio.sleep(0.05)
+
+
 async def _owned(reader: OwnershipReader, *, timeout_s: float) -> GroupOwnership:
     """The first read showing a stable group owning every partition; reads may fail until then."""
     last: list[object] = []
@@ -340,9 +360,13 @@ async def test_reads_fail_cleanly_while_the_broker_is_away_and_succeed_once_it_i
         assert own_kafka.pid is not None
         os.kill(own_kafka.pid, signal.SIGSTOP)
         try:
+            # Every thread stopped, not only signalled: a thread busy in the
+            # kernel (a flush, under a loaded machine) stops when it leaves it.
+            stopped = await _all_threads_stopped(own_kafka.pid, timeout_s=10)
             for _ in range(2):
                 with pytest.raises((KafkaError, TimeoutError)):
-                    await reader.read()
+                    seen = await reader.read()
+                    raise AssertionError(f"read {seen} from a stopped broker ({stopped})")
         finally:
             os.kill(own_kafka.pid, signal.SIGCONT)
         await _owned(reader, timeout_s=60)

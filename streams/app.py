@@ -26,12 +26,11 @@ from __future__ import annotations
 import gc
 
 # Loading the service allocates some hundred thousand objects that live until
-# exit (modules, classes, descriptors). Traced by the cyclic collector while
-# they load, at every full collection afterwards and once more at exit, they
-# cost a worker about a third of a CPU-second per start; so collection waits
-# until they are loaded, and then they are set aside (``gc.freeze``). The few
-# thousand cyclic leftovers of the imports are set aside with them: a bounded,
-# one-time cost of about half a megabyte.
+# exit (modules, classes, descriptors). The cyclic collector would trace them
+# while they load, at every full collection afterwards and once more at exit,
+# finding nothing to free; so collection waits until they are loaded, and then
+# they are set aside (``gc.freeze``). The few thousand cyclic leftovers of the
+# imports are set aside with them: a bounded, one-time cost of memory.
 gc.disable()
 
 import os

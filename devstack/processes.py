@@ -180,10 +180,38 @@ class ManagedProcess:
                 process.stop(timeout_s=5.0)
 
 
+class ChildProcess(Protocol):
+    """What the stack needs of a child process, whoever started it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def stop(self, timeout_s: float = 15.0) -> None: ...
+
+
+class Launch(Protocol):
+    """Starts ``argv`` as a child logging to ``log_path``, like :class:`ManagedProcess`."""
+
+    def __call__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> ChildProcess: ...
+
+
 def wait_until_ready(
     ready: Callable[[], bool],
     *,
-    process: ManagedProcess,
+    process: ChildProcess,
     timeout_s: float,
     what: str,
     interval_s: float = 0.1,

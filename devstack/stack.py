@@ -49,6 +49,8 @@ from rich.markup import escape
 from devstack.postgres import PostgresService
 from devstack.processes import (
     LOOPBACK,
+    ChildProcess,
+    Launch,
     ManagedProcess,
     ServiceError,
     free_port,
@@ -148,15 +150,18 @@ class WorkerProcess:
         name: str = "worker",
         loglevel: str = "info",
         cwd: Path | None = None,
+        launch: Launch = ManagedProcess,
     ) -> None:
         """``cwd`` (default ``workdir``) is importable in the worker: handler
-        modules named in ``WFJOBS_HANDLERS`` may live there."""
+        modules named in ``WFJOBS_HANDLERS`` may live there. ``launch`` starts
+        the command line; by default a new process runs it."""
         self._env = dict(env)
         self._workdir = workdir
         self._cwd = cwd or workdir
         self.name = name
         self._loglevel = loglevel
-        self._process: ManagedProcess | None = None
+        self._launch = launch
+        self._process: ChildProcess | None = None
         self.web_port = int(self._env["WFJOBS_WEB_PORT"])
 
     @property
@@ -180,7 +185,7 @@ class WorkerProcess:
         self._workdir.mkdir(parents=True, exist_ok=True)
         Path(self._env["WFJOBS_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         argv = [_faust_executable(), "-A", "streams.app", "worker", "--loglevel", self._loglevel]
-        self._process = ManagedProcess(
+        self._process = self._launch(
             self.name, argv, log_path=self.log_path, env=self._env, cwd=self._cwd
         )
         self.wait_healthy(timeout_s=timeout_s)

@@ -50,6 +50,7 @@ from devstack.tansu import TansuService
 from store.databases import dsn_with_database
 from store.migrate import migrate
 from tests.certificates import make_server_certificates
+from tests.forkserver import ForkServer
 
 # --------------------------------------------------------------------------- Postgres
 
@@ -329,6 +330,17 @@ def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int, timeout_s
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic} has no leader for every partition yet")
         time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@pytest.fixture(scope="session")
+def fork_server() -> Iterator[ForkServer]:
+    """Starts worker processes as forks of one that has loaded the service (``launch=``)."""
+    server = ForkServer()
+    yield server
+    server.close()
 
 
 # --------------------------------------------------------------------------- Schema Registry

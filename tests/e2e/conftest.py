@@ -9,6 +9,7 @@ import pytest
 
 from store.pool import open_pool
 from tests.e2e.harness import Stack
+from tests.forkserver import ForkServer
 
 # The requests and events topics have this many partitions; the DLQ has one.
 PARTITIONS = 3
@@ -22,6 +23,7 @@ async def make_stack(
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> AsyncIterator[MakeStack]:
     """Factory: a new stack per call (its own database and topics); all stopped at teardown."""
     made: list[Stack] = []
@@ -38,7 +40,16 @@ async def make_stack(
         pool = await open_pool(dsn, min_size=1, max_size=4)
         tmp = tmp_path / f"stack-{len(made)}" if made else tmp_path
         tmp.mkdir(exist_ok=True)
-        made.append(Stack(dsn=dsn, bootstrap=kafka_bootstrap, topics=topics, tmp=tmp, pool=pool))
+        made.append(
+            Stack(
+                dsn=dsn,
+                bootstrap=kafka_bootstrap,
+                topics=topics,
+                tmp=tmp,
+                pool=pool,
+                launch=fork_server,
+            )
+        )
         return made[-1]
 
     try:

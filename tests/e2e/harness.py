@@ -2,9 +2,10 @@
 
 Each test gets a ``Stack``: its own migrated database, its own topics
 (requests, dead letters, events), its own consumer group and its own in-process
-mock Schema Registry URL. Workers are real ``faust -A streams.app worker``
-processes started from the repository root, stopped by pid at teardown (and
-SIGKILLed by pid when a test wants a crash). Workers run with auth on: the
+mock Schema Registry URL. Workers are real processes running the
+``faust -A streams.app worker`` command line from the repository root, forked by
+the session's fork server (``tests.forkserver``), stopped by pid at teardown
+(and SIGKILLed by pid when a test wants a crash). Workers run with auth on: the
 stack makes a fleet-wide token with every scope before its first worker
 starts, and ``Stack.headers`` carries it.
 """
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from devstack.processes import ServiceError, free_port
+from devstack.processes import Launch, ServiceError, free_port
 from devstack.stack import WorkerProcess, worker_environment
 from schemas.contract import EventType, WorkflowRunEvent, WorkflowRunRequest
 from schemas.serde import EventDecoder, encode_request, open_registry
@@ -74,7 +75,13 @@ class Call:
 
 
 def self_provisioning_worker(
-    name: str, *, dsn: str, bootstrap: str, settings: Mapping[str, str], tmp: Path
+    name: str,
+    *,
+    dsn: str,
+    bootstrap: str,
+    settings: Mapping[str, str],
+    tmp: Path,
+    launch: Launch,
 ) -> WorkerProcess:
     """A worker with every role that reaches Kafka only as ``settings`` say.
 
@@ -100,7 +107,7 @@ def self_provisioning_worker(
             "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
         },
     )
-    return WorkerProcess(env, workdir=tmp, name=name, cwd=REPO_ROOT)
+    return WorkerProcess(env, workdir=tmp, name=name, cwd=REPO_ROOT, launch=launch)
 
 
 class Stack:
@@ -114,6 +121,7 @@ class Stack:
         topics: Mapping[str, str],
         tmp: Path,
         pool: Pool,
+        launch: Launch,
     ) -> None:
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -137,6 +145,7 @@ class Stack:
             completion_results_topic=self.completion_results_topic,
         )
         self.tmp = tmp
+        self.launch = launch
         self.calls_path = tmp / "calls.log"
         self.pool = pool
         self.runs = RunStore(pool)
@@ -185,6 +194,7 @@ class Stack:
             name=worker_id,
             # The repository root, so the worker imports ``tests.e2e.handlers``.
             cwd=REPO_ROOT,
+            launch=self.launch,
         )
         self.workers.append(worker)
         try:

@@ -36,6 +36,7 @@ from tests.e2e.harness import (
     REPO_ROOT,
     wait_until,
 )
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -63,7 +64,7 @@ async def database(make_database: Callable[[], str]) -> AsyncIterator[tuple[str,
 
 
 async def test_a_worker_starts_while_its_broker_is_down(
-    database: tuple[str, Pool], tmp_path: Path
+    database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
 ) -> None:
     dsn, pool = database
     runs = RunStore(pool)
@@ -102,7 +103,9 @@ async def test_a_worker_starts_while_its_broker_is_down(
                 "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
             },
         )
-        worker = LiveWorker(env, workdir=tmp_path, name="w-early", cwd=REPO_ROOT)
+        worker = LiveWorker(
+            env, workdir=tmp_path, name="w-early", cwd=REPO_ROOT, launch=fork_server
+        )
         await asyncio.to_thread(worker.start, timeout_s=60.0)
         workflow = envelope(name="e2e-early", review="invoke")
         token = (await create_token(dsn, "e2e", SCOPES)).token

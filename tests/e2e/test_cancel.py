@@ -19,6 +19,7 @@ from devstack.postgres import PostgresService
 from store.migrate import migrate
 from store.pool import open_pool
 from tests.e2e.harness import Stack, dedupe, type_name, wait_until
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import TOKENIZE, envelope
 
 pytestmark = pytest.mark.e2e
@@ -53,6 +54,7 @@ async def cancel_stack(
     postgres_server: PostgresService,
     kafka_bootstrap: str,
     tmp_path_factory: pytest.TempPathFactory,
+    fork_server: ForkServer,
 ) -> AsyncIterator[tuple[Stack, str]]:
     dsn = postgres_server.create_database("cancel")
     await migrate(dsn)
@@ -72,6 +74,7 @@ async def cancel_stack(
         topics=topics,
         tmp=tmp_path_factory.mktemp("cancel"),
         pool=pool,
+        launch=fork_server,
     )
     try:
         worker = await stack.start_worker(

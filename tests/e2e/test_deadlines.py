@@ -25,6 +25,7 @@ from schemas.serde import MessageDecoder, open_registry
 from store.migrate import migrate
 from store.pool import open_pool
 from tests.e2e.harness import Stack, dedupe, read_dlq, type_name
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -78,6 +79,7 @@ async def stack(
     postgres_server: PostgresService,
     kafka_bootstrap: str,
     tmp_path_factory: pytest.TempPathFactory,
+    fork_server: ForkServer,
 ) -> AsyncIterator[DeadlineStack]:
     dsn = postgres_server.create_database("deadlines")
     await migrate(dsn)
@@ -102,6 +104,7 @@ async def stack(
         },
         tmp=tmp_path_factory.mktemp("deadlines"),
         pool=pool,
+        launch=fork_server,
     )
     try:
         built.paused = await built.start_worker("paused", WFJOBS_CLAIM_LOOPS="0")

@@ -38,6 +38,7 @@ from schemas.serde import encode_request
 from store.pool import open_pool
 from streams.ownership import GroupOwnership, OwnershipReader
 from tests.e2e.harness import Stack, wait_until
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -57,6 +58,7 @@ async def _stack(
     new_topic: Callable[..., str],
     bootstrap: str,
     tmp: Path,
+    launch: ForkServer,
     *,
     requests: str | None = None,
 ) -> Stack:
@@ -69,7 +71,7 @@ async def _stack(
         "completion_results": new_topic(bootstrap, 1, prefix="e2e-completion-results"),
     }
     pool = await open_pool(dsn, min_size=1, max_size=4)
-    return Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp, pool=pool)
+    return Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp, pool=pool, launch=launch)
 
 
 @pytest.fixture
@@ -139,10 +141,13 @@ async def test_empty_assignment_from_metadata_without_the_topic_heals_and_every_
     new_topic: Callable[..., str],
     stacks: list[Stack],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
     bootstrap = strict_kafka.bootstrap_servers
     requests = f"e2e-requests-{uuid.uuid4().hex[:12]}"
-    stack = await _stack(make_database, new_topic, bootstrap, tmp_path, requests=requests)
+    stack = await _stack(
+        make_database, new_topic, bootstrap, tmp_path, fork_server, requests=requests
+    )
     stacks.append(stack)
     # The watchdog stays out of it: this is the assignor's own recovery.
     quiet = {"WFJOBS_UNOWNED_REJOIN_S": "600", "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6"}
@@ -188,8 +193,11 @@ async def test_after_a_broker_outage_and_a_short_restart_every_request_is_consum
     new_topic: Callable[..., str],
     stacks: list[Stack],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
-    stack = await _stack(make_database, new_topic, strict_kafka.bootstrap_servers, tmp_path)
+    stack = await _stack(
+        make_database, new_topic, strict_kafka.bootstrap_servers, tmp_path, fork_server
+    )
     stacks.append(stack)
     fast = {
         "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
@@ -233,8 +241,9 @@ async def test_watchdog_rejoins_when_partitions_stay_unowned(
     new_topic: Callable[..., str],
     stacks: list[Stack],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
-    stack = await _stack(make_database, new_topic, kafka_bootstrap, tmp_path)
+    stack = await _stack(make_database, new_topic, kafka_bootstrap, tmp_path, fork_server)
     stacks.append(stack)
     worker = await stack.start_worker(
         "w1",
@@ -285,8 +294,9 @@ async def test_worker_exits_non_zero_naming_the_partitions_when_rejoining_does_n
     new_topic: Callable[..., str],
     stacks: list[Stack],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
-    stack = await _stack(make_database, new_topic, kafka_bootstrap, tmp_path)
+    stack = await _stack(make_database, new_topic, kafka_bootstrap, tmp_path, fork_server)
     stacks.append(stack)
     # A group member that joins first, so it leads every rebalance, and always
     # assigns from metadata without the request topic.

@@ -35,6 +35,7 @@ from store.pool import Pool, open_pool
 from store.runs import RunStore
 from tests.conftest import KafkaSasl
 from tests.e2e.harness import HANDLERS_MODULE, REPO_ROOT, self_provisioning_worker, wait_until
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +75,7 @@ async def sasl_stack(
     kafka_sasl: KafkaSasl,
     postgres_server: PostgresService,
     tmp_path_factory: pytest.TempPathFactory,
+    fork_server: ForkServer,
 ) -> AsyncIterator[SaslStack]:
     tmp = tmp_path_factory.mktemp("sasl")
     dsn = postgres_server.create_database("sasl")
@@ -98,7 +100,12 @@ async def sasl_stack(
     }
     # Faust declares the three topics over SASL_SSL too.
     worker = self_provisioning_worker(
-        "sasl", dsn=dsn, bootstrap=kafka_sasl.bootstrap, settings=settings, tmp=tmp
+        "sasl",
+        dsn=dsn,
+        bootstrap=kafka_sasl.bootstrap,
+        settings=settings,
+        tmp=tmp,
+        launch=fork_server,
     )
     pool: Pool | None = None
     try:
@@ -202,7 +209,9 @@ async def test_wfjobs_produce_with_a_wrong_password_fails_naming_the_setting(
     assert "WFJOBS_KAFKA_SASL_PASSWORD" in lines[0], err
 
 
-async def refused_worker(tmp: Path, bootstrap: str, settings: Mapping[str, str]) -> str:
+async def refused_worker(
+    tmp: Path, bootstrap: str, settings: Mapping[str, str], launch: ForkServer
+) -> str:
     """The log of a worker whose Kafka settings the broker refuses, once it has exited.
 
     It must exit by itself, and not cleanly.
@@ -217,7 +226,7 @@ async def refused_worker(tmp: Path, bootstrap: str, settings: Mapping[str, str])
         handlers=(HANDLERS_MODULE,),
         extra={**settings, "WFJOBS_GROUP": f"refused-{uuid.uuid4().hex[:8]}"},
     )
-    worker = WorkerProcess(env, workdir=tmp, name="refused", cwd=REPO_ROOT)
+    worker = WorkerProcess(env, workdir=tmp, name="refused", cwd=REPO_ROOT, launch=launch)
     try:
         # It may exit before its web server ever answered.
         with contextlib.suppress(ServiceError):
@@ -235,12 +244,13 @@ async def refused_worker(tmp: Path, bootstrap: str, settings: Mapping[str, str])
 
 
 async def test_a_worker_with_a_wrong_password_exits_at_start_naming_the_setting(
-    sasl_stack: SaslStack,
+    sasl_stack: SaslStack, fork_server: ForkServer
 ) -> None:
     log = await refused_worker(
         sasl_stack.tmp / "refused",
         sasl_stack.sasl.bootstrap,
         sasl_stack.sasl.settings_env(password="not-the-password"),
+        fork_server,
     )
     named = [line for line in log.splitlines() if "WFJOBS_KAFKA_SASL_PASSWORD" in line]
     assert named, log

@@ -34,6 +34,7 @@ from store.migrate import migrate
 from store.pool import Pool, open_pool
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import Stack, dedupe, type_name, wait_until
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -83,6 +84,7 @@ async def soak_stack(
     own_kafka: ApacheKafkaService,
     new_topic: Callable[..., str],
     tmp_path: Path,
+    fork_server: ForkServer,
 ) -> AsyncIterator[Stack]:
     dsn = own_postgres.create_database("soak")
     await migrate(dsn)
@@ -95,7 +97,9 @@ async def soak_stack(
         "completion_results": new_topic(bootstrap, 1, prefix="soak-completion-results"),
     }
     pool = await open_pool(dsn, min_size=1, max_size=4, timeout_s=3.0)
-    built = Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp_path, pool=pool)
+    built = Stack(
+        dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp_path, pool=pool, launch=fork_server
+    )
     try:
         yield built
     finally:

@@ -44,6 +44,7 @@ from streams.settings import Settings
 from tests.certificates import make_client_certificate, make_server_certificates
 from tests.e2e.harness import self_provisioning_worker, wait_until
 from tests.e2e.test_sasl import _ready, refused_worker
+from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -185,6 +186,7 @@ async def mode_stack(
     modes_broker: ModesBroker,
     postgres_server: PostgresService,
     tmp_path_factory: pytest.TempPathFactory,
+    fork_server: ForkServer,
 ) -> AsyncIterator[ModeStack]:
     mode: str = request.param
     tmp = tmp_path_factory.mktemp(mode)
@@ -199,7 +201,12 @@ async def mode_stack(
     }
     # Topic creation goes over the mode's listener too.
     worker = self_provisioning_worker(
-        mode, dsn=dsn, bootstrap=settings["KAFKA_BOOTSTRAP_SERVERS"], settings=settings, tmp=tmp
+        mode,
+        dsn=dsn,
+        bootstrap=settings["KAFKA_BOOTSTRAP_SERVERS"],
+        settings=settings,
+        tmp=tmp,
+        launch=fork_server,
     )
     pool: Pool | None = None
     try:
@@ -290,9 +297,9 @@ async def test_a_job_submitted_over_http_completes_and_its_events_are_relayed(
 # closed connection, which it cannot tell from a broker that is down.
 @pytest.mark.parametrize("mode", ["sasl-plaintext-plain"])
 async def test_a_refused_credential_stops_the_worker_at_start_naming_the_setting(
-    mode: str, modes_broker: ModesBroker, tmp_path: Path
+    mode: str, modes_broker: ModesBroker, tmp_path: Path, fork_server: ForkServer
 ) -> None:
     settings, name = modes_broker.refused[mode]
-    log = await refused_worker(tmp_path, settings["KAFKA_BOOTSTRAP_SERVERS"], settings)
+    log = await refused_worker(tmp_path, settings["KAFKA_BOOTSTRAP_SERVERS"], settings, fork_server)
     named = [line for line in log.splitlines() if name in line and "cannot use Kafka" in line]
     assert named, log

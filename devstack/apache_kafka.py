@@ -224,10 +224,31 @@ class ApacheKafkaService(ServiceBase):
         )
         config = workdir / "server.properties"
         config.write_text(kafka.render_properties(props))
+        self._cluster_id = kafka.new_cluster_id()
+        # A format costs a JVM start; its bootstrap metadata is the same every time
+        # for the same release and settings, so it is kept and laid out again.
+        cached = kafka.cached_bootstrap_checkpoint(
+            libs, kafka.formatted_storage_key(self._version, self._properties)
+        )
+        if self._sasl_ssl is None and cached.is_file():
+            kafka.reuse_formatted_storage(
+                workdir / "data", cached, cluster_id=self._cluster_id, node_id=props["node.id"]
+            )
+        else:
+            self._format_storage(libs, config)
+            if self._sasl_ssl is None:
+                kafka.keep_bootstrap_checkpoint(workdir / "data", cached)
+
+        archive, self._pending_archive = kafka.class_archive_flags(libs, java_executable())
+        self._broker_argv = self._java_argv(libs, kafka.BROKER_MAIN, str(config), archive=archive)
+        self._launch(f"{LOOPBACK}:{broker_port}")
+
+    def _format_storage(self, libs: Path, config: Path) -> None:
+        """Format the log dir ``config`` names with the storage tool (a JVM)."""
+        workdir = self._workdir
+        assert workdir is not None and self._cluster_id is not None
         # The SCRAM user exists from the first metadata record on: no admin call needed.
         scram = ["--add-scram", self._sasl_ssl.scram_argument()] if self._sasl_ssl else []
-
-        self._cluster_id = kafka.new_cluster_id()
         format_log = workdir / "format.log"
         with open(format_log, "wb") as log:
             formatted = subprocess.run(
@@ -253,10 +274,6 @@ class ApacheKafkaService(ServiceBase):
                 f"formatting KRaft storage failed (exit {formatted.returncode}):\n"
                 f"{log_tail(format_log)}"
             )
-
-        archive, self._pending_archive = kafka.class_archive_flags(libs, java_executable())
-        self._broker_argv = self._java_argv(libs, kafka.BROKER_MAIN, str(config), archive=archive)
-        self._launch(f"{LOOPBACK}:{broker_port}")
 
     def _sasl_ssl_port(self, *taken: int) -> int | None:
         """A free port for the SASL_SSL listener, not one of ``taken``; ``None`` without one."""

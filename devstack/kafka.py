@@ -221,6 +221,56 @@ def new_cluster_id() -> str:
             return encoded
 
 
+# What formatting a KRaft log dir writes: the bootstrap metadata (the release's
+# feature levels, and any SCRAM users) and the identity of the node and the dir.
+BOOTSTRAP_CHECKPOINT = "bootstrap.checkpoint"
+META_PROPERTIES = "meta.properties"
+
+
+def formatted_storage_key(version: str, properties: Mapping[str, str]) -> str:
+    """Names what the bootstrap metadata depends on: the release's feature levels.
+
+    Without ``--release-version`` or ``--feature`` the storage tool takes the
+    release's latest stable levels, or its unstable ones when the
+    ``unstable.*`` settings allow them.
+    """
+    unstable = sorted(
+        (key, value) for key, value in properties.items() if key.startswith("unstable.")
+    )
+    described = "\n".join(f"{key}={value}" for key, value in unstable)
+    return hashlib.sha256(f"{version}\n{described}".encode()).hexdigest()[:16]
+
+
+def cached_bootstrap_checkpoint(libs: Path, key: str) -> Path:
+    """Where the bootstrap metadata of a storage formatted under ``key`` is kept."""
+    return libs.parent / f"{BOOTSTRAP_CHECKPOINT}-{key}"
+
+
+def keep_bootstrap_checkpoint(log_dir: Path, cached: Path) -> None:
+    """Keep a freshly formatted dir's bootstrap metadata, whole or not at all."""
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
+    shutil.copyfile(log_dir / BOOTSTRAP_CHECKPOINT, partial)
+    os.replace(partial, cached)
+
+
+def reuse_formatted_storage(log_dir: Path, cached: Path, *, cluster_id: str, node_id: str) -> None:
+    """Lay out ``log_dir`` as the storage tool would, from bootstrap metadata kept earlier.
+
+    The bootstrap metadata is the same for every format of a release with the
+    same settings (no SCRAM users: their salts differ); the identity is what
+    differs, so it is written new: this cluster's id and a fresh dir id.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cached, log_dir / BOOTSTRAP_CHECKPOINT)
+    meta = {
+        "node.id": node_id,
+        "directory.id": new_cluster_id(),
+        "version": "1",
+        "cluster.id": cluster_id,
+    }
+    (log_dir / META_PROPERTIES).write_text(render_properties(meta))
+
+
 def server_properties(
     *,
     broker_port: int,

@@ -14,7 +14,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
 
+from devstack import kafka
 from devstack.apache_kafka import ApacheKafkaService
 from devstack.postgres import PostgresService
 from devstack.processes import ServiceError, free_port
@@ -194,3 +196,32 @@ def test_cli_runs_a_service_until_sigterm() -> None:
 def test_services_module_does_not_import_faust() -> None:
     code = "import sys, devstack.services; sys.exit('faust' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
+
+
+# --------------------------------------------------------------------------- Kafka storage
+
+
+@pytest.mark.kafka
+def test_brokers_lay_out_storage_from_kept_bootstrap_metadata_with_identities_of_their_own(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # The first format of the release keeps its bootstrap metadata; every later
+    # broker lays out its storage from it, with its own cluster and dir ids.
+    key = kafka.formatted_storage_key(kafka.KAFKA_VERSION, {})
+    cached = kafka.cached_bootstrap_checkpoint(kafka.kafka_libs(), key)
+    with ApacheKafkaService("") as private:
+        assert cached.is_file()
+        admins = [
+            AdminClient({"bootstrap.servers": bootstrap})
+            for bootstrap in (kafka_bootstrap, private.bootstrap_servers)
+        ]
+        ids = {admin.describe_cluster().result(timeout=10).cluster_id for admin in admins}
+        del admins  # before the broker stops: they would retry it meanwhile
+    assert len(ids) == 2
+    kafka.reuse_formatted_storage(tmp_path, cached, cluster_id="x" * 22, node_id="1")
+    layout = dict(
+        line.split("=", 1) for line in (tmp_path / kafka.META_PROPERTIES).read_text().split()
+    )
+    assert layout["cluster.id"] == "x" * 22 and layout["version"] == "1"
+    assert len(layout["directory.id"]) == 22
+    assert (tmp_path / kafka.BOOTSTRAP_CHECKPOINT).read_bytes() == cached.read_bytes()

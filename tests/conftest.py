@@ -12,6 +12,9 @@ same servers as it would servers the user named. Addresses the user already set
 are kept. The Schema Registry serves one module, which runs on one worker: that
 worker starts it when the module first asks, while the others run their tests.
 
+Scratch space (server data, each test's ``tmp_path``) is ``/dev/shm`` when it is
+a roomy tmpfs and ``TMPDIR`` is not set.
+
 Migrations run once per session, into a template database; a test's migrated
 database is a copy of it (``CREATE DATABASE ... TEMPLATE``), which is far
 cheaper than migrating again.
@@ -457,8 +460,46 @@ def _only_unit_tests(config: pytest.Config) -> bool:
     return bool(paths) and all(path == unit or unit in path.parents for path in paths)
 
 
+# --------------------------------------------------------------------------- scratch space
+
+# A memory-backed file system for the session's scratch: every server's data and
+# every test's tmp_path. Hundreds of databases are copied from the template and
+# dropped again; on a disk, the kernel's writeback of those pages costs more CPU
+# than most tests. Below this much free space it is not used.
+_SCRATCH_CANDIDATE = Path("/dev/shm")
+_SCRATCH_MIN_FREE_BYTES = 4 * 1024**3
+
+
+def _memory_backed_scratch() -> Path | None:
+    """``/dev/shm`` when it is a tmpfs we can write with room to spare, else ``None``."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        usage = os.statvfs(_SCRATCH_CANDIDATE)
+    except OSError:
+        return None
+    tmpfs = any(
+        fields[1:3] == [str(_SCRATCH_CANDIDATE), "tmpfs"]
+        for fields in (line.split() for line in mounts)
+    )
+    roomy = usage.f_bavail * usage.f_frsize >= _SCRATCH_MIN_FREE_BYTES
+    writable = os.access(_SCRATCH_CANDIDATE, os.W_OK | os.X_OK)
+    return _SCRATCH_CANDIDATE if tmpfs and roomy and writable else None
+
+
+def _use_memory_backed_scratch() -> None:
+    # A TMPDIR the user set is theirs to keep. xdist workers and every process
+    # a test starts inherit the choice through the environment.
+    if os.environ.get("TMPDIR"):
+        return
+    scratch = _memory_backed_scratch()
+    if scratch is not None:
+        os.environ["TMPDIR"] = str(scratch)
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _use_memory_backed_scratch()
     if not _distributes(config) or _only_unit_tests(config):
         return
     # Before xdist starts its workers (at session start), so they inherit the

@@ -72,6 +72,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     env = _clean_environment(venv)
+    # uv leaves a lock file per build in TMPDIR: this one is thrown away with the test's.
+    scratch = root / "tmp"
+    scratch.mkdir()
     pip = subprocess.run(
         [
             sys.executable,
@@ -85,7 +88,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
             str(project),
         ],
         cwd=root,
-        env=env,
+        env={**env, "TMPDIR": str(scratch)},
         capture_output=True,
         text=True,
         timeout=INSTALL_TIMEOUT_S,

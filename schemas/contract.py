@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 
 from schemas.errors import ContractViolation, EventTooLarge, InvalidArgument
 from schemas.gen.workflowjobs.v1 import api_pb2, events_pb2, requests_pb2
+from schemas.struct_wire import fill_struct, set_timestamp
 
 WorkflowRunEvent = events_pb2.WorkflowRunEvent
 WorkflowRunRequest = requests_pb2.WorkflowRunRequest
@@ -101,14 +102,14 @@ def build_event(
         reason=reason,
     )
     if response is not None:
-        event.response.update(response)
+        fill_struct(event.response, response)
     if result is not None:
-        event.result.update(result)
+        fill_struct(event.result, result)
     if review_request is not None:
-        event.review_request.update(review_request)
+        fill_struct(event.review_request, review_request)
     if next_run_at is not None:
-        event.next_run_at.FromDatetime(next_run_at)
-    event.occurred_at.FromDatetime(occurred_at)
+        set_timestamp(event.next_run_at, next_run_at)
+    set_timestamp(event.occurred_at, occurred_at)
     # Every commit point builds one of these, so the rules are first checked by
     # a plain-Python mirror of them; only an event the mirror doubts goes to
     # protovalidate, which then decides (and words the refusal).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 from uuid import UUID
 
 from schemas.verdicts import StepVerdict
@@ -103,6 +103,22 @@ class ClaimedJob:
     @property
     def job_id(self) -> UUID:
         return self.job.job_id
+
+
+class Submission(TypedDict):
+    """What a submit names: the keyword arguments of ``RunStore.submit``."""
+
+    job_id: UUID
+    workflow_name: str
+    definition: dict[str, Any]
+    definition_hash: str
+    input: dict[str, Any]
+    # 0 or absent: the store's default.
+    max_attempts: NotRequired[int | None]
+    # The submitting principal; absent for a job nobody owns.
+    owner: NotRequired[str | None]
+    # The whole-job deadline, from now on the database's clock; absent: none.
+    deadline_ms: NotRequired[int | None]
 
 
 @dataclass(frozen=True, slots=True)

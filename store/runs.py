@@ -32,7 +32,7 @@ import binascii
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -76,6 +76,7 @@ from store.records import (
     SegmentProgress,
     StepOutcome,
     StepVerifier,
+    Submission,
     SubmitResult,
     SweepResult,
     job_from_row,
@@ -241,18 +242,7 @@ class RunStore:
 
     # ----------------------------------------------------------------- submit
 
-    async def submit(
-        self,
-        *,
-        job_id: UUID,
-        workflow_name: str,
-        definition: dict[str, Any],
-        definition_hash: str,
-        input: dict[str, Any],
-        max_attempts: int | None = None,
-        owner: str | None = None,
-        deadline_ms: int | None = None,
-    ) -> SubmitResult:
+    async def submit(self, **submission: Unpack[Submission]) -> SubmitResult:
         """Insert a QUEUED job and its ACCEPTED event, unless ``job_id`` exists.
 
         ``definition_hash`` must identify ``definition`` (the engine's
@@ -261,39 +251,17 @@ class RunStore:
         the submitting principal; an existing job keeps its own. ``deadline_ms``
         sets the whole-job deadline, counted from now on the database's clock.
         """
-        [result] = await submit_rows(
-            self._pool,
-            [
-                self.submit_params(
-                    job_id=job_id,
-                    workflow_name=workflow_name,
-                    definition=definition,
-                    definition_hash=definition_hash,
-                    input=input,
-                    max_attempts=max_attempts,
-                    owner=owner,
-                    deadline_ms=deadline_ms,
-                )
-            ],
-        )
+        [result] = await submit_rows(self._pool, [self.submit_params(**submission)])
         return result
 
-    def submit_params(
-        self,
-        *,
-        job_id: UUID,
-        workflow_name: str,
-        definition: dict[str, Any],
-        definition_hash: str,
-        input: dict[str, Any],
-        max_attempts: int | None = None,
-        owner: str | None = None,
-        deadline_ms: int | None = None,
-    ) -> dict[str, Any]:
+    def submit_params(self, **submission: Unpack[Submission]) -> dict[str, Any]:
         """The checked row and encoded event ``submit`` writes, for one or a batch
         (``store.submit_batch``); raises what ``submit`` raises before writing."""
+        job_id, workflow_name = submission["job_id"], submission["workflow_name"]
+        input = submission["input"]
+        max_attempts = submission.get("max_attempts")
         validate_workflow_name(workflow_name)
-        if not definition_hash:
+        if not submission["definition_hash"]:
             raise InvalidArgument("definition_hash must not be empty: it names the snapshot")
         if max_attempts is None or max_attempts == 0:
             max_attempts = self.default_max_attempts
@@ -320,16 +288,16 @@ class RunStore:
         return {
             "job_id": job_id,
             "workflow_name": workflow_name,
-            "definition": Jsonb(definition),
-            "definition_hash": definition_hash,
+            "definition": Jsonb(submission["definition"]),
+            "definition_hash": submission["definition_hash"],
             "input": Jsonb(input),
             "status": Status.QUEUED.value,
             "max_attempts": max_attempts,
             "error": None,
             "event_type": _event_name(EventType.TYPE_ACCEPTED),
             "payload": self._encode(event),
-            "owner": owner,
-            "deadline_ms": deadline_ms or None,
+            "owner": submission.get("owner"),
+            "deadline_ms": submission.get("deadline_ms") or None,
         }
 
     async def submit_failed(

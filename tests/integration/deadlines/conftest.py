@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,12 +18,6 @@ def timed_workflow(name: str, **review: Any) -> dict[str, Any]:
     definition = envelope(name=name)
     definition["steps"][2].update(review)
     return definition
-
-
-@pytest.fixture
-async def dsn(make_database: Callable[[], str]) -> str:
-    url = make_database(migrated=True)
-    return url
 
 
 @pytest.fixture

@@ -1,40 +1,11 @@
-"""Fixtures for the store tests: a fresh, migrated database per test, and a pool on it."""
+"""The store tests' definitions store; database, pool and run store come from above."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from store.definitions import DefinitionStore
-from store.outbox import Outbox
-from store.pool import Pool, open_pool
-from store.runs import RunStore
-
-
-@pytest.fixture
-async def dsn(make_database: Callable[[], str]) -> str:
-    url = make_database(migrated=True)
-    return url
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[Pool]:
-    opened = await open_pool(dsn, min_size=1, max_size=24)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-def store(pool: Pool) -> RunStore:
-    return RunStore(pool)
-
-
-@pytest.fixture
-def outbox(pool: Pool) -> Outbox:
-    return Outbox(pool)
+from store.pool import Pool
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -23,12 +23,6 @@ from streams.auth import SCOPES
 from streams.runtime import Runtime
 from streams.settings import Settings
 from tests.workflows_fixtures import envelope, make_registry, tokenize_ids
-
-
-@pytest.fixture
-async def dsn(make_database: Callable[[], str]) -> str:
-    url = make_database(migrated=True)
-    return url
 
 
 def api_settings(env: Mapping[str, str]) -> Settings:

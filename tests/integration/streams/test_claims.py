@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -13,7 +13,7 @@ import pytest
 from google.protobuf.message import Message
 
 from store.channels import JOBS_QUEUED_CHANNEL
-from store.pool import Pool, open_pool
+from store.pool import Pool
 from store.records import Lease
 from store.runs import RunStore
 from streams.claims import ClaimLoops
@@ -25,15 +25,6 @@ from workflows.invokers import HandlerRegistry, StepContext
 from workflows.steps import CompiledWorkflow
 
 REMOTE = "127.0.0.1:9"  # never dialled: the registry serves every method in-process
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[Pool]:
-    opened = await open_pool(dsn, min_size=1, max_size=12)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 class Harness:

@@ -67,15 +67,6 @@ class OutageAtTheLastCheckpoint(RunStore):
 
 
 @pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[Pool]:
-    opened = await open_pool(dsn, min_size=1, max_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
 async def one_connection_pool(dsn: str) -> AsyncIterator[Pool]:
     opened = await open_pool(dsn, min_size=1, max_size=1)
     try:

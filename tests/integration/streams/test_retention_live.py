@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +20,7 @@ from confluent_kafka import Consumer
 
 from schemas.contract import EventType, WorkflowRunEvent
 from store.outbox import Outbox
-from store.pool import Pool, open_pool
+from store.pool import Pool
 from store.retention import RetentionPolicy, RetentionStore
 from store.runs import RunStore
 from store.states import TERMINAL
@@ -43,15 +43,6 @@ EXPECTED = [
     EventType.TYPE_STEP_CHECKPOINT,
     EventType.TYPE_COMPLETED,
 ]
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[Pool]:
-    opened = await open_pool(dsn, min_size=1, max_size=16)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def consume_until(

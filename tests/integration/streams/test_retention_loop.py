@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import psycopg
-import pytest
 
-from store.pool import Pool, open_pool
+from store.pool import Pool
 from store.retention import PassResult, RetentionPolicy, RetentionStore
 from store.states import TERMINAL
 from streams.retention import RetentionLoop
 
 POLICY = RetentionPolicy(outbox=timedelta(days=7), jobs=dict.fromkeys(TERMINAL, timedelta(days=30)))
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[Pool]:
-    opened = await open_pool(dsn, min_size=1, max_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 class Failing(RetentionStore):

@@ -1,4 +1,4 @@
-"""A fresh, migrated database per test, a pool on it, and a run store."""
+"""What most integration tests start from: a fresh, migrated database, a pool on it, the stores."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from store.runs import RunStore
 
 
 @pytest.fixture
-async def pool(make_database: Callable[..., str]) -> AsyncIterator[Pool]:
-    opened = await open_pool(make_database(migrated=True), min_size=1, max_size=4)
+async def dsn(make_database: Callable[..., str]) -> str:
+    return make_database(migrated=True)
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[Pool]:
+    opened = await open_pool(dsn, min_size=1, max_size=24)
     try:
         yield opened
     finally:

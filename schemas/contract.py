@@ -128,6 +128,10 @@ _DEFINED_EVENT_TYPES = frozenset(
 ) - {EventType.TYPE_UNSPECIFIED}
 _NEEDS_STEP_NAME = frozenset({EventType.TYPE_STEP_CHECKPOINT, EventType.TYPE_WAITING})
 _NEEDS_ERROR = frozenset({EventType.TYPE_FAILED, EventType.TYPE_DEAD})
+# Read once: each attribute of the enum wrapper is a Python-level lookup.
+_COMPLETED = EventType.TYPE_COMPLETED
+_RETRY_SCHEDULED = EventType.TYPE_RETRY_SCHEDULED
+_RESUMED = EventType.TYPE_RESUMED
 
 
 def event_obeys_rules(event: WorkflowRunEvent) -> bool:
@@ -139,14 +143,11 @@ def event_obeys_rules(event: WorkflowRunEvent) -> bool:
         and event.workflow_name != ""
         and event.attempt >= 0
         and event.HasField("occurred_at")
-        and (kind != EventType.TYPE_COMPLETED or event.verdict != "")
+        and (kind != _COMPLETED or event.verdict != "")
         and (kind not in _NEEDS_ERROR or event.error != "")
         and (kind not in _NEEDS_STEP_NAME or event.step_name != "")
-        and (
-            kind != EventType.TYPE_RETRY_SCHEDULED
-            or (event.error != "" and event.HasField("next_run_at"))
-        )
-        and (kind != EventType.TYPE_RESUMED or event.resumed_by != "")
+        and (kind != _RETRY_SCHEDULED or (event.error != "" and event.HasField("next_run_at")))
+        and (kind != _RESUMED or event.resumed_by != "")
     )
 
 

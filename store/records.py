@@ -121,6 +121,16 @@ class Submission(TypedDict):
     deadline_ms: NotRequired[int | None]
 
 
+class FailedSubmission(TypedDict):
+    """A request that cannot run, recorded as FAILED: the keywords of ``RunStore.submit_failed``."""
+
+    job_id: UUID
+    workflow_name: str
+    input: dict[str, Any]
+    error: str
+    owner: NotRequired[str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitResult:
     job: Job

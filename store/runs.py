@@ -67,6 +67,7 @@ from store.records import (
     ClaimedJob,
     CompleteStepResult,
     DeadlineSweep,
+    FailedSubmission,
     FallbackLookup,
     Job,
     JobPage,
@@ -300,41 +301,15 @@ class RunStore:
             "deadline_ms": submission.get("deadline_ms") or None,
         }
 
-    async def submit_failed(
-        self,
-        *,
-        job_id: UUID,
-        workflow_name: str,
-        input: dict[str, Any],
-        error: str,
-        owner: str | None = None,
-    ) -> SubmitResult:
+    async def submit_failed(self, **failed: Unpack[FailedSubmission]) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
-        [result] = await submit_rows(
-            self._pool,
-            [
-                self.submit_failed_params(
-                    job_id=job_id,
-                    workflow_name=workflow_name,
-                    input=input,
-                    error=error,
-                    owner=owner,
-                )
-            ],
-        )
+        [result] = await submit_rows(self._pool, [self.submit_failed_params(**failed)])
         return result
 
-    def submit_failed_params(
-        self,
-        *,
-        job_id: UUID,
-        workflow_name: str,
-        input: dict[str, Any],
-        error: str,
-        owner: str | None = None,
-    ) -> dict[str, Any]:
+    def submit_failed_params(self, **failed: Unpack[FailedSubmission]) -> dict[str, Any]:
         """The FAILED row and event ``submit_failed`` writes, as ``submit_params``."""
-        error = self._event_text(error)
+        job_id, workflow_name = failed["job_id"], failed["workflow_name"]
+        error = self._event_text(failed["error"])
         event = build_event(
             job_id=job_id,
             event_type=EventType.TYPE_FAILED,
@@ -348,13 +323,13 @@ class RunStore:
             "workflow_name": workflow_name,
             "definition": None,
             "definition_hash": "",
-            "input": Jsonb(input),
+            "input": Jsonb(failed["input"]),
             "status": Status.FAILED.value,
             "max_attempts": self.default_max_attempts,
             "error": error,
             "event_type": _event_name(EventType.TYPE_FAILED),
             "payload": self._encode(event),
-            "owner": owner,
+            "owner": failed.get("owner"),
             "deadline_ms": None,
         }
 

@@ -471,15 +471,19 @@ _SCRATCH_MIN_FREE_BYTES = 4 * 1024**3
 
 
 def _memory_backed_scratch() -> Path | None:
-    """``/dev/shm`` when it is a tmpfs we can write with room to spare, else ``None``."""
+    """``/dev/shm`` when it is a tmpfs we can write and run programs from, with room to
+    spare; else ``None``."""
     try:
         mounts = Path("/proc/mounts").read_text().splitlines()
         usage = os.statvfs(_SCRATCH_CANDIDATE)
     except OSError:
         return None
+    # Tests run programs from their tmp_path (a fresh venv's scripts): a
+    # noexec mount will not do.
     tmpfs = any(
-        fields[1:3] == [str(_SCRATCH_CANDIDATE), "tmpfs"]
+        fields[1:3] == [str(_SCRATCH_CANDIDATE), "tmpfs"] and "noexec" not in fields[3].split(",")
         for fields in (line.split() for line in mounts)
+        if len(fields) > 3
     )
     roomy = usage.f_bavail * usage.f_frsize >= _SCRATCH_MIN_FREE_BYTES
     writable = os.access(_SCRATCH_CANDIDATE, os.W_OK | os.X_OK)

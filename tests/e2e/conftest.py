@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from store.pool import open_pool
-from tests.e2e.harness import Stack
+from tests.e2e.harness import Stack, stack_topics
 from tests.forkserver import ForkServer
 
 # The requests and events topics have this many partitions; the DLQ has one.
@@ -30,13 +30,7 @@ async def make_stack(
 
     async def make() -> Stack:
         dsn = make_database(migrated=True)
-        topics = {
-            "requests": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-requests"),
-            "dlq": new_topic(kafka_bootstrap, 1, prefix="e2e-requests-dlq"),
-            "events": new_topic(kafka_bootstrap, PARTITIONS, prefix="e2e-events"),
-            "completions": new_topic(kafka_bootstrap, 1, prefix="e2e-completions"),
-            "completion_results": new_topic(kafka_bootstrap, 1, prefix="e2e-completion-results"),
-        }
+        topics = stack_topics(new_topic, kafka_bootstrap, partitions=PARTITIONS)
         pool = await open_pool(dsn, min_size=1, max_size=4)
         tmp = tmp_path / f"stack-{len(made)}" if made else tmp_path
         tmp.mkdir(exist_ok=True)

@@ -110,6 +110,27 @@ def self_provisioning_worker(
     return WorkerProcess(env, workdir=tmp, name=name, cwd=REPO_ROOT, launch=launch)
 
 
+def stack_topics(
+    new_topic: Callable[..., str],
+    bootstrap: str,
+    *,
+    prefix: str = "e2e",
+    partitions: int = 3,
+    requests: str | None = None,
+) -> dict[str, str]:
+    """A stack's own topics, made before any worker subscribes (see ``Stack``).
+
+    ``requests`` names an existing requests topic to use instead of a new one.
+    """
+    return {
+        "requests": requests or new_topic(bootstrap, partitions, prefix=f"{prefix}-requests"),
+        "dlq": new_topic(bootstrap, 1, prefix=f"{prefix}-requests-dlq"),
+        "events": new_topic(bootstrap, partitions, prefix=f"{prefix}-events"),
+        "completions": new_topic(bootstrap, 1, prefix=f"{prefix}-completions"),
+        "completion_results": new_topic(bootstrap, 1, prefix=f"{prefix}-completion-results"),
+    }
+
+
 class Stack:
     """One test's database, topics, registry and workers."""
 

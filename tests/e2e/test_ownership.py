@@ -37,7 +37,7 @@ from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
 from store.pool import open_pool
 from streams.ownership import GroupOwnership, OwnershipReader
-from tests.e2e.harness import Stack, wait_until
+from tests.e2e.harness import Stack, stack_topics, wait_until
 from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
@@ -63,13 +63,7 @@ async def _stack(
     requests: str | None = None,
 ) -> Stack:
     dsn = make_database(migrated=True)
-    topics = {
-        "requests": requests or new_topic(bootstrap, 3, prefix="e2e-requests"),
-        "dlq": new_topic(bootstrap, 1, prefix="e2e-requests-dlq"),
-        "events": new_topic(bootstrap, 3, prefix="e2e-events"),
-        "completions": new_topic(bootstrap, 1, prefix="e2e-completions"),
-        "completion_results": new_topic(bootstrap, 1, prefix="e2e-completion-results"),
-    }
+    topics = stack_topics(new_topic, bootstrap, requests=requests)
     pool = await open_pool(dsn, min_size=1, max_size=4)
     return Stack(dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp, pool=pool, launch=launch)
 

@@ -33,7 +33,7 @@ from schemas.serde import encode_request
 from store.migrate import migrate
 from store.pool import Pool, open_pool
 from tests.e2e.conftest import PARTITIONS
-from tests.e2e.harness import Stack, dedupe, type_name, wait_until
+from tests.e2e.harness import Stack, dedupe, stack_topics, type_name, wait_until
 from tests.forkserver import ForkServer
 from tests.workflows_fixtures import envelope
 
@@ -89,13 +89,7 @@ async def soak_stack(
     dsn = own_postgres.create_database("soak")
     await migrate(dsn)
     bootstrap = own_kafka.bootstrap_servers
-    topics = {
-        "requests": new_topic(bootstrap, PARTITIONS, prefix="soak-requests"),
-        "dlq": new_topic(bootstrap, 1, prefix="soak-requests-dlq"),
-        "events": new_topic(bootstrap, PARTITIONS, prefix="soak-events"),
-        "completions": new_topic(bootstrap, 1, prefix="soak-completions"),
-        "completion_results": new_topic(bootstrap, 1, prefix="soak-completion-results"),
-    }
+    topics = stack_topics(new_topic, bootstrap, prefix="soak", partitions=PARTITIONS)
     pool = await open_pool(dsn, min_size=1, max_size=4, timeout_s=3.0)
     built = Stack(
         dsn=dsn, bootstrap=bootstrap, topics=topics, tmp=tmp_path, pool=pool, launch=fork_server

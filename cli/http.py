@@ -7,12 +7,13 @@ wrote under ``.wfjobs-dev`` in the current directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +64,65 @@ class ApiClient:
         query: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = self._request(method, path, query, headers, data, accept="application/json")
+        try:
+            with self._open(request, self.timeout_s) as response:
+                payload = response.read()
+                self.headers = dict(response.headers.items())
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        if not payload:
+            return {}
+        decoded = json.loads(payload)
+        if not isinstance(decoded, dict):
+            raise CliError("INTERNAL", f"{method} {path} answered {type(decoded).__name__}")
+        return decoded
+
+    @contextlib.contextmanager
+    def stream(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        idle_timeout_s: float,
+    ) -> Iterator[Iterator[bytes]]:
+        """The lines of a streamed GET (Server-Sent Events) as they arrive.
+
+        A read that waits longer than ``idle_timeout_s`` raises ``TimeoutError``.
+        """
+        request = self._request("GET", path, query, headers, None, accept="text/event-stream")
+        with self._open(request, idle_timeout_s) as response:
+            yield iter(response.readline, b"")
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        data: bytes | None,
+        *,
+        accept: str,
+    ) -> urllib.request.Request:
         url = self.base_url + path
         params = {key: value for key, value in (query or {}).items() if value not in (None, "")}
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method)
-        request.add_header("Accept", "application/json")
+        request.add_header("Accept", accept)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         for name, value in (headers or {}).items():
             request.add_header(name, value)
+        return request
+
+    def _open(self, request: urllib.request.Request, timeout_s: float) -> Any:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = response.read()
-                self.headers = dict(response.headers.items())
+            return urllib.request.urlopen(request, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
             error = _http_error(exc)
             if error.code == "UNAUTHENTICATED" and not self.token:
@@ -89,17 +132,14 @@ class ApiClient:
                     f"run `wfjobs dev` here, which writes {defaults.DEV_TOKEN_FILE})",
                 )
             raise error from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CliError(
-                "UNAVAILABLE", f"cannot reach {self.base_url}: {reason} (is a worker running?)"
-            ) from None
-        if not payload:
-            return {}
-        decoded = json.loads(payload)
-        if not isinstance(decoded, dict):
-            raise CliError("INTERNAL", f"{method} {path} answered {type(decoded).__name__}")
-        return decoded
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: OSError) -> CliError:
+        reason = getattr(exc, "reason", exc)
+        return CliError(
+            "UNAVAILABLE", f"cannot reach {self.base_url}: {reason} (is a worker running?)"
+        )
 
 
 def _http_error(exc: urllib.error.HTTPError) -> CliError:

@@ -39,6 +39,7 @@ from cli.render import (
     render_workflows,
     status_markup,
 )
+from cli.watch import cmd_watch
 from schemas import defaults
 from schemas.errors import WorkflowJobsError
 
@@ -614,6 +615,14 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", cmd_explain, "why a job is in its state, what happens next, what you can run"
     )
     explain.add_argument("job_id")
+
+    watch = add(
+        "watch",
+        cmd_watch,
+        "follow one job's events live until it ends; the exit status is how it ended "
+        "(0 COMPLETED, 3 FAILED, 4 DEAD, 5 CANCELLED)",
+    )
+    watch.add_argument("job_id")
 
     listing = add("list", cmd_list, "list jobs, newest first")
     listing.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")

@@ -245,16 +245,17 @@ def render_workflow(out: Output, stored: Mapping[str, Any]) -> None:
     out.console.print(table)
 
 
-def event_summary(event: Mapping[str, Any]) -> str:
+def event_summary(event: Mapping[str, Any], *, with_job: bool = True) -> str:
     """One line per event: when, what, which job, and the detail that matters."""
     kind = str(event.get("type", "")).removeprefix("TYPE_")
     style = EVENT_STYLES.get(kind, "")
     parts = [
         escape(str(event.get("occurred_at", ""))),
         f"[{style}]{escape(kind):<15}[/]" if style else f"{escape(kind):<15}",
-        escape(str(event.get("job_id", ""))),
-        f"#{event.get('event_id', 0)}",
     ]
+    if with_job:
+        parts.append(escape(str(event.get("job_id", ""))))
+    parts.append(f"#{event.get('event_id', 0)}")
     if event.get("step_name"):
         parts.append(f"step={escape(str(event['step_name']))}")
     if event.get("skipped"):

@@ -79,6 +79,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import mode
@@ -99,6 +100,8 @@ from workflows.steps import CompiledWorkflow, Step
 log = logging.getLogger(__name__)
 
 Compile = Callable[[Mapping[str, Any], str | None], CompiledWorkflow]
+# Takes a step's progress report with the claim it was made under.
+ProgressReporter = Callable[[Lease, str, float, str], None]
 
 # How long a stopping claimer may take to finish the claim it has in flight.
 # A claim takes milliseconds; one still pending after this is waiting for a
@@ -196,6 +199,7 @@ class ClaimLoops(mode.Service):
         claim_failure_bound_s: float = 60.0,
         grace_s: float = 10.0,
         hold_back_last_checkpoint: bool = False,
+        progress: ProgressReporter | None = None,
         clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
@@ -204,7 +208,8 @@ class ClaimLoops(mode.Service):
         claims may fail in a row before ``health()`` says the loops are stuck;
         ``grace_s``: how long running segments may finish when the loops stop;
         ``hold_back_last_checkpoint``: write the last step's checkpoint with the
-        completion (see the module docstring);
+        completion (see the module docstring); ``progress``: where the steps'
+        progress reports go (``streams.progress``), with the claim that runs them;
         ``clock``: the monotonic clock of every bound here."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
@@ -230,6 +235,7 @@ class ClaimLoops(mode.Service):
         self._max_per_target = max_per_target
         self._wake = wake if wake is not None else asyncio.Event()
         self._channels = channels
+        self._progress = progress
         self._queue: asyncio.Queue[ClaimedJob] = asyncio.Queue()
         self._idle = loops
         self._has_idle = asyncio.Event()
@@ -550,6 +556,7 @@ class ClaimLoops(mode.Service):
                 on_checkpoint=on_checkpoint,
                 registry=self._registry,
                 channels=self._channels,
+                progress=None if self._progress is None else partial(self._progress, lease),
             )
 
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:

@@ -63,7 +63,7 @@ _ERROR_DESCRIPTIONS: Mapping[str, str] = {
     "413": "PAYLOAD_TOO_LARGE: the body, or the event it would make, is over its limit",
     "414": "URI_TOO_LONG: the URL is over the limit",
     "415": "UNSUPPORTED_MEDIA_TYPE: bodies must be application/json",
-    "429": "RESOURCE_EXHAUSTED: the backlog is full; retry later",
+    "429": "RESOURCE_EXHAUSTED: the backlog (or a watch limit) is full; retry later",
     "431": "HEADERS_TOO_LARGE: a header is too long, or there are too many",
     "500": "INTERNAL: a bug; the message carries the request id the log has",
     "503": "UNAVAILABLE: the store (or broker) is not configured or not reachable",
@@ -368,6 +368,37 @@ def openapi_document() -> dict[str, Any]:
                 {"200": _answer(message("ExplainJobResponse"), "the explanation")},
                 errors=("400", "503"),
                 parameters=[_path("job_id", _UUID, "the job's id")],
+                scope="read",
+            ),
+        },
+        "/v1/workflow-runs/{job_id}/events": {
+            "get": _operation(
+                "watchJob",
+                "The job's events so far, then live ones, as Server-Sent Events, until it ends",
+                {
+                    "200": {
+                        "description": (
+                            "an event stream: each event a message whose id is its event_id and "
+                            "whose data is the WorkflowRunEvent as JSON; `progress` messages "
+                            "carry the running step's latest progress; an `end` message "
+                            "carries the job's final status and closes the stream"
+                        ),
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    }
+                },
+                errors=("400", "404", "429", "503"),
+                parameters=[
+                    _path("job_id", _UUID, "the job's id"),
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": 0},
+                        "send only events with a greater event_id",
+                    ),
+                    _header(
+                        "Last-Event-ID",
+                        "sent by a reconnecting client: resume after this event (wins over after)",
+                    ),
+                ],
                 scope="read",
             ),
         },

@@ -39,9 +39,11 @@ from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
+from store.job_feed import JobFeed
 from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, create_pool
+from store.progress import ProgressStore
 from store.records import Job, StepVerifier
 from store.retention import RetentionStore
 from store.runs import RunStore
@@ -50,9 +52,11 @@ from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.health import HealthReport, HealthSource, PartHealth, report
 from streams.listener import Listener
+from streams.progress import ProgressRecorder
 from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
+from streams.watch import JobWatch
 from workflows.cache import DefinitionCache
 from workflows.checker import shared_checker
 from workflows.failures import StepFailure
@@ -114,6 +118,8 @@ class Runtime(mode.Service):
         self.sweeper: Sweeper | None = None
         self.retention: RetentionLoop | None = None
         self.relay: OutboxRelay | None = None
+        self.progress: ProgressRecorder | None = None
+        self.watch: JobWatch | None = None
         self.admission = Admission(settings.max_queued_jobs)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
@@ -177,10 +183,23 @@ class Runtime(mode.Service):
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
-        if "relay" in settings.roles:
+        # The relay drains the outbox when it notifies; watchers read it.
+        if {"relay", "api"} & settings.roles:
             channels.append(OUTBOX_CHANNEL)
         if channels:
             self.listener = Listener(settings.database_url, *channels)
+        if "api" in settings.roles:
+            assert self.listener is not None
+            self.watch = JobWatch(
+                JobFeed(pool),
+                wake=self.listener.subscribe(OUTBOX_CHANNEL),
+                poll_s=settings.watch_poll_s,
+                max_watchers=settings.watch_max,
+            )
+        if "worker" in settings.roles:
+            self.progress = ProgressRecorder(
+                ProgressStore(pool), interval_s=settings.progress_interval_s
+            )
         # No claim loops: a paused worker still sweeps (leases and deadlines)
         # and consumes the request and completion topics, but runs no job.
         if "worker" in settings.roles and settings.claim_loops > 0:
@@ -201,6 +220,7 @@ class Runtime(mode.Service):
                 # One statement for the last checkpoint and COMPLETED only pays
                 # when that statement is the group commit's.
                 hold_back_last_checkpoint=settings.group_commit,
+                progress=None if self.progress is None else self.progress.report,
             )
         if "worker" in settings.roles:
             self.sweeper = Sweeper(
@@ -228,6 +248,8 @@ class Runtime(mode.Service):
         # the LISTEN connection last. The pool outlives them all (on_shutdown).
         loops: tuple[mode.Service | None, ...] = (
             self.listener,
+            self.watch,
+            self.progress,
             self.relay,
             self.retention,
             self.sweeper,
@@ -294,6 +316,11 @@ class Runtime(mode.Service):
         if self.definitions is None:
             raise self._unavailable()
         return self.definitions
+
+    def require_watch(self) -> JobWatch:
+        if self.watch is None:
+            raise self._unavailable()
+        return self.watch
 
     def require_tokens(self) -> TokenStore:
         if self.tokens is None:

@@ -246,6 +246,14 @@ class Settings:
     max_event_bytes: int = field(
         default=DEFAULT_MAX_EVENT_BYTES, metadata={"env": "WFJOBS_MAX_EVENT_BYTES"}
     )
+    # Watching a job (GET /v1/workflow-runs/{id}/events): how often a watcher
+    # reads when no notification wakes it (step checkpoints and progress
+    # notify no one), and how many watchers one process serves at once.
+    watch_poll_s: float = field(default=1.0, metadata={"env": "WFJOBS_WATCH_POLL_S"})
+    watch_max: int = field(default=256, metadata={"env": "WFJOBS_WATCH_MAX"})
+    # How often a worker stores the progress its steps report (the latest
+    # report of each job, all in one statement).
+    progress_interval_s: float = field(default=1.0, metadata={"env": "WFJOBS_PROGRESS_INTERVAL_S"})
     # Admission control: no new job while this many are QUEUED; 0 turns it off
     # (see streams.admission).
     max_queued_jobs: int = field(default=0, metadata={"env": "WFJOBS_MAX_QUEUED_JOBS"})
@@ -395,6 +403,9 @@ class Settings:
             "broker_retry_max_s",
             "retention_interval_s",
             "retention_batch",
+            "watch_poll_s",
+            "watch_max",
+            "progress_interval_s",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:

@@ -85,10 +85,12 @@ Faust views only read the request and send the reply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web as aiohttp_web
@@ -118,6 +120,7 @@ if TYPE_CHECKING:
 
     from streams.requests_dlq import Position
     from streams.runtime import Runtime
+    from streams.watch import JobWatch
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,7 @@ HTTP_STATUS: Mapping[str, int] = {
 LIST_JOBS_PARAMETERS = ("status", "workflow_name", "limit", "page_token")
 LIST_OUTBOX_PARAMETERS = ("status", "job_id", "limit", "page_token")
 LIST_REQUESTS_DLQ_PARAMETERS = ("max",)
+WATCH_JOB_PARAMETERS = ("after",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +233,14 @@ def _int_parameter(query: Mapping[str, str], name: str, default: int) -> int:
         raise InvalidArgument(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _event_id(raw: str, what: str) -> int:
+    """An outbox event id a watch resumes after: a non-negative integer."""
+    text = raw.strip()
+    if not text.isdigit() or len(text) > 19:
+        raise InvalidArgument(f"{what} must be an event id (a non-negative integer), got {raw!r}")
+    return int(text)
+
+
 def _one_selector(data: Mapping[str, Any], selectors: tuple[str, ...], verb: str) -> str:
     """The one key of ``selectors`` the body of ``verb`` uses; anything else is refused."""
     unknown = sorted(set(data) - set(selectors))
@@ -269,6 +281,10 @@ class HttpVerbs:
         self.authenticator = Authenticator(
             runtime.require_tokens, enabled=runtime.settings.auth_enabled
         )
+
+    @property
+    def watch(self) -> JobWatch | None:
+        return self._runtime.watch
 
     @property
     def max_body_bytes(self) -> int:
@@ -313,6 +329,32 @@ class HttpVerbs:
         check_incoming(request)
         job, history = await self.jobs.get_job_with_history(parsed, owner=caller.visible_owner)
         return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job, history))))
+
+    async def watch_job(
+        self,
+        caller: Caller,
+        job_id: str,
+        query: Mapping[str, str],
+        last_event_id: str | None,
+        connected: Callable[[], bool],
+    ) -> AsyncGenerator[bytes]:
+        """The job's event stream (``streams.watch``), once the request is found valid.
+
+        Everything that can refuse the request is checked here, before any of
+        the stream is sent, so a refusal is still an ordinary error reply.
+        ``Last-Event-ID`` (sent by a reconnecting client) wins over ``after``.
+        """
+        _only_parameters(query, WATCH_JOB_PARAMETERS, "watch-job")
+        parsed = parse_job_id(job_id)
+        if last_event_id is not None:
+            after = _event_id(last_event_id, "the Last-Event-ID header")
+        else:
+            after = _event_id(query.get("after", "0"), "after")
+        watch = self._runtime.require_watch()
+        watch.admit()
+        # Not found is what a caller who may not see the job is told, too.
+        await self.jobs.get_job(parsed, owner=caller.visible_owner)
+        return watch.frames(parsed, after=after, connected=connected)
 
     async def explain_job(self, caller: Caller, job_id: str) -> Reply:
         request = api_pb2.ExplainJobRequest(job_id=job_id)
@@ -683,6 +725,39 @@ async def _respond(view: View, call: Callable[[], Awaitable[Reply]]) -> Response
     return view.json(reply.body, status=reply.status, headers=dict(reply.headers))
 
 
+async def stream_events(
+    request: Request, frames: AsyncGenerator[bytes]
+) -> aiohttp_web.StreamResponse:
+    """Send ``frames`` as ``text/event-stream`` until they end or the client goes."""
+    raw = cast(aiohttp_web.Request, request)
+    response = aiohttp_web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            # Proxies that buffer responses (nginx) would hold the events back.
+            "X-Accel-Buffering": "no",
+        },
+    )
+    await response.prepare(raw)
+    try:
+        async for frame in frames:
+            await response.write(frame)
+    except ConnectionResetError:
+        # The client went away; its watch ends with it.
+        pass
+    finally:
+        await frames.aclose()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+def _connected(request: Request) -> bool:
+    transport = cast(aiohttp_web.Request, request).transport
+    return transport is not None and not transport.is_closing()
+
+
 def _authorization(request: Request) -> str | None:
     return cast(aiohttp_web.Request, request).headers.get("Authorization")
 
@@ -708,6 +783,14 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     if not verbs:
         return
     register_openapi(app)
+
+    async def end_watches(_: aiohttp_web.Application) -> None:
+        # Open event streams would otherwise hold the server's shutdown for
+        # its whole handler timeout; a client reconnects with Last-Event-ID.
+        if api.watch is not None:
+            api.watch.close_streams()
+
+    cast(Any, app).web.web_app.on_shutdown.append(end_watches)
 
     # Each call authorizes first: nothing of a request (body, query) is read
     # for a caller who may not make it.
@@ -736,6 +819,28 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
                 return await api.get_job(caller, job_id)
 
             return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs/{job_id:[^/:]+}/events")
+    class WatchRun(View):
+        async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
+            frames: AsyncGenerator[bytes] | None = None
+
+            async def call() -> Reply:
+                nonlocal frames
+                caller = await api.authorize(_authorization(request), auth.READ)
+                frames = await api.watch_job(
+                    caller,
+                    job_id,
+                    _query(request),
+                    _header(request, "Last-Event-ID"),
+                    connected=partial(_connected, request),
+                )
+                return Reply(200, {})
+
+            reply = await answer(call)
+            if frames is None:
+                return self.json(reply.body, status=reply.status, headers=dict(reply.headers))
+            return cast(Response, await stream_events(request, frames))
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}:explain")
     class ExplainRun(View):

@@ -213,7 +213,10 @@ def make_registry(calls: CallLog | None = None) -> HandlerRegistry:
         # What every counted handler does first: count, linger, inject its fault.
         log.record(method, ctx.idempotency_key, ctx.attempt)
         if request.delay_ms:
-            await asyncio.sleep(request.delay_ms / 1000)
+            # Lingers in quarters, telling watchers how far it has got.
+            for quarter in range(1, 5):
+                await asyncio.sleep(request.delay_ms / 4000)
+                ctx.progress(quarter / 4, f"{quarter} of 4")
         fault = active_fault(request.fail, ctx.attempt)
         if fault:
             _raise_handler_fault(fault)

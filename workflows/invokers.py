@@ -27,6 +27,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import math
 import re
 import time
 from collections import OrderedDict
@@ -49,6 +50,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Message, "StepContext"], Awaitable[Message | Mapping[str, Any]]]
 H = TypeVar("H", bound=Handler)
 
+# Reports a step's progress: (step name, fraction from 0 to 1, message).
+ProgressSink = Callable[[str, float, str], None]
+
+# Longer progress messages are cut: progress is a status line, not a log.
+MAX_PROGRESS_MESSAGE_CHARS = 500
+
 _METHOD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*/[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -57,7 +64,8 @@ class StepContext:
     """What a handler knows about the call it serves.
 
     ``expires_at`` is the segment's deadline on ``clock``; ``deadline`` is the
-    time left, in seconds, when read.
+    time left, in seconds, when read. ``progress`` tells watchers how far the
+    step has got.
     """
 
     job_id: str
@@ -66,6 +74,23 @@ class StepContext:
     expires_at: float
     response_type: type[Message]
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    progress_sink: ProgressSink | None = field(default=None, repr=False)
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the step has got: ``fraction`` from 0 to 1, and a short message.
+
+        Never blocks and never writes on its own: the worker keeps the latest
+        report and stores it at most once per ``WFJOBS_PROGRESS_INTERVAL_S``,
+        so calling it in a tight loop is fine. A fraction outside 0..1 (or not
+        a number) raises ``ValueError``: a defect of the handler.
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
+        value = float(fraction)
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
+        if self.progress_sink is not None:
+            self.progress_sink(self.step_name, value, str(message)[:MAX_PROGRESS_MESSAGE_CHARS])
 
     @property
     def idempotency_key(self) -> str:

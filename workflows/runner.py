@@ -24,7 +24,14 @@ from typing import Any
 from schemas.errors import FailedPrecondition
 from workflows.cache import DefinitionCache, default_cache
 from workflows.failures import FailureKind, SegmentDeadlineExceeded, StepFailure, classify
-from workflows.invokers import GrpcChannels, HandlerRegistry, StepContext, default_channels, invoke
+from workflows.invokers import (
+    GrpcChannels,
+    HandlerRegistry,
+    ProgressSink,
+    StepContext,
+    default_channels,
+    invoke,
+)
 from workflows.steps import CompiledWorkflow
 
 CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
@@ -69,6 +76,7 @@ async def run_segment(
     registry: HandlerRegistry,
     channels: GrpcChannels | None = None,
     clock: Callable[[], float] = time.monotonic,
+    progress: ProgressSink | None = None,
 ) -> SegmentOutcome:
     """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``."""
     expires_at = clock() + workflow.deadline_ms / 1000.0
@@ -96,6 +104,7 @@ async def run_segment(
             expires_at=expires_at,
             response_type=step.response_type,
             clock=clock,
+            progress_sink=progress,
         )
         timer = asyncio.timeout(left)
         try:

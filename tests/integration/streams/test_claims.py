@@ -14,10 +14,12 @@ from google.protobuf.message import Message
 
 from store.channels import JOBS_QUEUED_CHANNEL
 from store.pool import Pool
+from store.progress import ProgressStore
 from store.records import Lease
 from store.runs import RunStore
 from streams.claims import ClaimLoops
 from streams.listener import Listener
+from streams.progress import ProgressRecorder
 from streams.sweeper import Sweeper
 from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, CallLog, envelope, make_registry
 from workflows.cache import DefinitionCache
@@ -378,3 +380,27 @@ async def test_a_settle_that_always_fails_spends_attempts_until_dead(
     assert job.attempt == job.max_attempts == 3
     assert "completions are refused here" in job.error
     assert loops.stats.handed_back == 0
+
+
+PROGRESS_SQL = """
+SELECT step_name, fraction, message FROM workflow_run_progress WHERE job_id = %(job_id)s
+"""
+
+
+async def test_handlers_reach_the_row_through_the_claim_loops(harness: Harness, pool: Pool) -> None:
+    recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.05)
+    loops = harness.loops(progress=recorder.report)
+    await recorder.start()
+    await loops.start()
+    try:
+        job_id = await harness.submit(envelope(review=None), {"text": "slow one", "delay_ms": 200})
+        await harness.wait_status(job_id, "COMPLETED")
+        # The fixture's tokenize lingers in quarters and reports each one; a
+        # report that arrives after the job settled is not stored.
+        async with pool.connection() as conn:
+            stored = await (await conn.execute(PROGRESS_SQL, {"job_id": job_id})).fetchall()
+        [(step, fraction, message)] = stored
+        assert step == "tokenize" and message == f"{int(fraction * 4)} of 4"
+    finally:
+        await loops.stop()
+        await recorder.stop()

@@ -118,3 +118,36 @@ def test_handler_modules_load_from_configuration(
 def test_a_missing_handler_module_is_named() -> None:
     with pytest.raises(ImportError, match="handler module 'no_such_handlers_here'"):
         load_handler_modules(["no_such_handlers_here"])
+
+
+def test_progress_goes_to_the_sink_checked_and_cut() -> None:
+    reports: list[tuple[str, float, str]] = []
+    ctx = StepContext(
+        job_id="j",
+        step_name="embed",
+        attempt=1,
+        expires_at=1e9,
+        response_type=object,  # type: ignore[arg-type]
+        progress_sink=lambda step, fraction, message: reports.append((step, fraction, message)),
+    )
+    ctx.progress(0)
+    ctx.progress(1, "x" * 2000)
+    ctx.progress(0.5, "half")
+    assert reports == [("embed", 0.0, ""), ("embed", 1.0, "x" * 500), ("embed", 0.5, "half")]
+    for bad in (-0.1, 1.01, float("nan"), float("inf"), True, "0.5", None):
+        with pytest.raises(ValueError, match="from 0 to 1"):
+            ctx.progress(bad)  # type: ignore[arg-type]
+    assert len(reports) == 3
+
+
+def test_progress_without_a_sink_is_checked_and_goes_nowhere() -> None:
+    ctx = StepContext(
+        job_id="j",
+        step_name="embed",
+        attempt=1,
+        expires_at=1e9,
+        response_type=object,  # type: ignore[arg-type]
+    )
+    ctx.progress(0.3, "fine")
+    with pytest.raises(ValueError):
+        ctx.progress(2)

@@ -1,0 +1,151 @@
+"""``wfjobs watch JOB_ID``: one job's events as a live timeline, until it ends.
+
+It reads the API's event stream (``GET /v1/workflow-runs/{id}/events``), so it
+needs no Kafka client. A dropped connection (a worker restarting, say) is
+picked up again after the last event shown, so every event is printed once and
+in order. The exit status says how the job ended: 0 COMPLETED, 3 FAILED,
+4 DEAD, 5 CANCELLED; 1 is an error of the command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn
+
+from cli.arguments import required
+from cli.errors import CliError
+from cli.http import ApiClient, path_segment
+from cli.render import Output, event_summary, status_markup
+
+EXIT_STATUS: Mapping[str, int] = {"COMPLETED": 0, "FAILED": 3, "DEAD": 4, "CANCELLED": 5}
+
+# The server sends a keep-alive at least every 15 s; a read waiting far
+# longer than that means the connection is gone without saying so.
+_IDLE_TIMEOUT_S = 45.0
+# How long the stream may stay unreachable, in a row, before watch gives up.
+_GIVE_UP_AFTER_S = 60.0
+_RETRY_CAP_S = 5.0
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    event: str
+    id: str
+    data: Any
+
+
+def messages(lines: Iterator[bytes]) -> Iterator[StreamMessage]:
+    """Server-Sent Events messages from a stream's lines; comments are dropped."""
+    fields: dict[str, str] = {}
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line:
+            if "data" in fields:
+                data = json.loads(fields["data"])
+                yield StreamMessage(fields.get("event") or "message", fields.get("id", ""), data)
+            fields = {}
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        fields[name] = fields[name] + "\n" + value if name == "data" and name in fields else value
+
+
+class Timeline:
+    """Draws the messages: a line per event, and a bar for the running step's progress."""
+
+    def __init__(self, out: Output) -> None:
+        self._out = out
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def event(self, event: Mapping[str, Any]) -> None:
+        self._close_bar()
+        self._out.print(event_summary(event, with_job=False))
+
+    def progress(self, report: Mapping[str, Any]) -> None:
+        fraction = float(report.get("fraction", 0.0))
+        step = escape(str(report.get("step_name", "")))
+        message = escape(str(report.get("message", "")))
+        if not self._out.console.is_terminal:
+            self._out.print(f"  {step} {fraction:.0%} {message}".rstrip())
+            return
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("  {task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}% {task.fields[message]}"),
+                console=self._out.console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(step, total=1.0, message=message)
+        self._bar.update(self._task, description=step, completed=fraction, message=message)
+
+    def end(self, status: str) -> None:
+        self._close_bar()
+        self._out.print(f"job ended {status_markup(status)}" if status else "job was removed")
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def cmd_watch(args: argparse.Namespace, out: Output) -> int:
+    job_id = required(args.job_id, "JOB_ID")
+    client = ApiClient(args.url)
+    path = f"/v1/workflow-runs/{path_segment(job_id)}/events"
+    timeline = Timeline(out)
+    last_id = ""
+    failing_since: float | None = None
+    pause = 0.5
+    while True:
+        headers = {"Last-Event-ID": last_id} if last_id else {}
+        try:
+            with client.stream(path, headers=headers, idle_timeout_s=_IDLE_TIMEOUT_S) as lines:
+                failing_since, pause = None, 0.5
+                for message in messages(lines):
+                    if out.as_json:
+                        out.json_line(
+                            {"event": message.event, "id": message.id, "data": message.data}
+                        )
+                    if message.event == "end":
+                        status = str(message.data.get("status", ""))
+                        if not out.as_json:
+                            timeline.end(status)
+                        return EXIT_STATUS.get(status, 1)
+                    if message.id:
+                        last_id = message.id
+                    if out.as_json:
+                        continue
+                    if message.event == "progress":
+                        timeline.progress(message.data)
+                    else:
+                        timeline.event(message.data)
+        except CliError as exc:
+            if exc.code != "UNAVAILABLE":
+                raise
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
+                raise
+        except (OSError, TimeoutError):
+            # Cut mid-stream: pick up after the last event shown.
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
+                raise CliError(
+                    "UNAVAILABLE", f"the event stream of {job_id} stayed cut for too long"
+                ) from None
+        time.sleep(pause)
+        pause = min(pause * 2, _RETRY_CAP_S)
+
+
+__all__ = ["EXIT_STATUS", "StreamMessage", "Timeline", "cmd_watch", "messages"]

@@ -1,0 +1,213 @@
+"""Watching one job: its events so far, then live ones, until it is terminal.
+
+Each watcher reads the job's outbox rows after the last id it sent, with the
+job's status and latest progress (``store.job_feed``: one statement, one
+snapshot). It reads again when an outbox notification arrives (this process's
+LISTEN connection: accepted, parked and settled jobs notify) or after
+``poll_s``, which is how step checkpoints and progress reach it: they notify no
+one, to keep NOTIFY's commit serialization off the hot path. Every watcher of
+the process waits on one wake-up, so a notification costs one read per
+watcher, not one LISTEN connection per watcher.
+
+A watch reads Postgres only: it needs no Kafka consumer, works on every API
+replica, and resumes after any event id (``Last-Event-ID``). Events already
+removed by outbox retention are not replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import mode
+
+from schemas.contract import decode_event, to_json
+from schemas.errors import ResourceExhausted
+from store.errors import is_outage
+from store.job_feed import FeedEvent, JobFeed
+from store.progress import Progress
+
+log = logging.getLogger(__name__)
+
+# Decoding an event this large to JSON takes long enough to be done off the loop.
+_DECODE_OFF_LOOP_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Server-Sent Events message; ``event`` empty means the default ("message")."""
+
+    data: str
+    event: str = ""
+    id: str = ""
+
+    def encode(self) -> bytes:
+        lines = []
+        if self.id:
+            lines.append(f"id: {self.id}")
+        if self.event:
+            lines.append(f"event: {self.event}")
+        # JSON text holds no raw newline, so the data is a single line.
+        lines.append(f"data: {self.data}")
+        return ("\n".join(lines) + "\n\n").encode()
+
+
+# A comment line: keeps proxies from closing an idle stream, ignored by clients.
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def event_json(event: FeedEvent) -> str:
+    message = decode_event(event.payload)
+    message.event_id = event.id
+    return json.dumps(to_json(message), separators=(",", ":"))
+
+
+def progress_json(progress: Progress) -> str:
+    return json.dumps(
+        {
+            "attempt": progress.attempt,
+            "step_name": progress.step_name,
+            "fraction": progress.fraction,
+            "message": progress.message,
+            "updated_at": progress.updated_at.isoformat(),
+        },
+        separators=(",", ":"),
+    )
+
+
+class JobWatch(mode.Service):
+    """The watchers of this process, and the one wake-up they share."""
+
+    def __init__(
+        self,
+        feed: JobFeed,
+        *,
+        wake: asyncio.Event | None = None,
+        poll_s: float = 1.0,
+        keepalive_s: float = 15.0,
+        max_watchers: int = 256,
+        page: int = 200,
+        clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._feed = feed
+        self._wake = wake
+        self._poll_s = poll_s
+        self._keepalive_s = keepalive_s
+        self._max_watchers = max_watchers
+        self._page = page
+        self._clock = clock
+        # Made on first use: the service may be built before its event loop runs.
+        self._current_tick: asyncio.Future[None] | None = None
+        self._closing = False
+        self.watchers = 0
+
+    @property
+    def _tick(self) -> asyncio.Future[None]:
+        """Resolved at the next wake-up; a watcher takes it before it reads."""
+        if self._current_tick is None:
+            self._current_tick = asyncio.get_running_loop().create_future()
+        return self._current_tick
+
+    def _signal(self) -> None:
+        tick, self._current_tick = self._current_tick, None
+        if tick is not None and not tick.done():
+            tick.set_result(None)
+
+    @mode.Service.task
+    async def _fan_out(self) -> None:
+        if self._wake is None:
+            return
+        while not self.should_stop:
+            await self._wake.wait()
+            self._wake.clear()
+            self._signal()
+
+    def close_streams(self) -> None:
+        """End every stream now (the web server is shutting down)."""
+        self._closing = True
+        self._signal()
+
+    async def on_stop(self) -> None:
+        self.close_streams()
+
+    def admit(self) -> None:
+        """Refuse a new watcher past the limit, before any response starts."""
+        if self.watchers >= self._max_watchers:
+            raise ResourceExhausted(
+                f"this process already serves {self._max_watchers} watchers (the limit); "
+                "retry later or watch through another API replica"
+            )
+
+    async def frames(
+        self, job_id: UUID, *, after: int, connected: Callable[[], bool] = lambda: True
+    ) -> AsyncGenerator[bytes]:
+        """The stream's bytes: events after ``after``, progress, keep-alives, then ``end``.
+
+        ``connected`` is asked before every read: a client that went away
+        frees its place at once, not at the next write that would fail.
+        """
+        self.admit()
+        self.watchers += 1
+        try:
+            async for frame in self._frames(job_id, after, connected):
+                yield frame
+        finally:
+            self.watchers -= 1
+
+    async def _frames(
+        self, job_id: UUID, after: int, connected: Callable[[], bool]
+    ) -> AsyncIterator[bytes]:
+        sent_progress: Progress | None = None
+        quiet_since = self._clock()
+        while not self._closing and connected():
+            tick = self._tick
+            try:
+                page = await self._feed.read(job_id, after=after, limit=self._page)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                log.debug("watch of %s: store unavailable (%s); retrying", job_id, exc)
+                page = None
+                await self._wait(tick)
+                continue
+            if page is None:
+                # Removed by retention while watched: nothing more will come.
+                yield Frame(json.dumps({"status": "", "gone": True}), event="end").encode()
+                return
+            for event in page.events:
+                if len(event.payload) > _DECODE_OFF_LOOP_BYTES:
+                    data = await asyncio.to_thread(event_json, event)
+                else:
+                    data = event_json(event)
+                yield Frame(data, id=str(event.id)).encode()
+                after = event.id
+                quiet_since = self._clock()
+            if page.progress is not None and page.progress != sent_progress:
+                sent_progress = page.progress
+                yield Frame(progress_json(page.progress), event="progress").encode()
+                quiet_since = self._clock()
+            if page.finished:
+                yield Frame(json.dumps({"status": str(page.status)}), event="end").encode()
+                return
+            if page.truncated:
+                continue
+            if self._clock() - quiet_since >= self._keepalive_s:
+                yield KEEPALIVE
+                quiet_since = self._clock()
+            await self._wait(tick)
+
+    async def _wait(self, tick: asyncio.Future[None]) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(tick), self._poll_s)
+
+
+__all__ = ["KEEPALIVE", "Frame", "JobWatch", "event_json", "progress_json"]

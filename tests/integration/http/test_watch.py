@@ -1,0 +1,212 @@
+"""Watching one job over Server-Sent Events, on the server a deployment runs.
+
+The jobs are driven through the store as a worker would (the API process runs
+no claim loop), so each test decides exactly when each commit point lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from store.progress import ProgressReport, ProgressStore
+from tests.integration.http.conftest import LiveApi, live, parked_job
+from tests.integration.streams.conftest import WEB_WORKFLOW
+
+pytestmark = pytest.mark.asyncio
+
+
+@dataclass(frozen=True)
+class Sse:
+    event: str
+    data: Any
+    id: str
+
+
+async def sse_messages(response: aiohttp.ClientResponse) -> AsyncIterator[Sse]:
+    """The messages of an event stream, parsed as the SSE format says (comments dropped)."""
+    fields: dict[str, str] = {}
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n").rstrip("\r")
+        if line == "":
+            if "data" in fields:
+                yield Sse(
+                    fields.get("event", "message"), json.loads(fields["data"]), fields.get("id", "")
+                )
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+async def store_review(api: LiveApi) -> None:
+    path = api.url + "/v1/workflows/web-review"
+    async with api.session.put(path, json={"workflow": WEB_WORKFLOW}, headers=api.auth) as r:
+        assert r.status == 200, await r.text()
+
+
+def events_path(job_id: str) -> str:
+    return f"/v1/workflow-runs/{job_id}/events"
+
+
+async def test_a_watch_sends_the_events_so_far_then_live_ones_and_ends_at_the_terminal_one(
+    live_api: LiveApi,
+) -> None:
+    await store_review(live_api)
+    job_id = await parked_job(live_api)
+    runs = live_api.runtime.require_runs()
+    url = live_api.url + events_path(job_id)
+    async with live_api.session.get(url, headers=live_api.auth) as response:
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        messages = sse_messages(response)
+        seen = [await anext(messages) for _ in range(4)]
+        assert [m.data["type"] for m in seen] == [
+            "TYPE_ACCEPTED",
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_WAITING",
+        ]
+        assert all(m.event == "message" and m.data["job_id"] == job_id for m in seen)
+        ids = [int(m.id) for m in seen]
+        assert ids == sorted(ids) and [m.data["event_id"] for m in seen] == [str(i) for i in ids]
+        # Live from here: the review is answered, a worker claims and settles.
+        answered = await live_api.session.post(
+            live_api.url + f"/v1/workflow-runs/{job_id}/steps/review:complete",
+            json={"response": {"approved": True, "note": "fine"}},
+            headers=live_api.auth,
+        )
+        assert answered.status == 200, await answered.text()
+        claimed = await runs.claim("http-test")
+        assert claimed is not None
+        await runs.complete(claimed.lease, result={"ok": True}, verdict="done")
+        rest = [message async for message in messages]
+    assert [m.data.get("type") for m in rest[:-1]] == ["TYPE_STEP_CHECKPOINT", "TYPE_COMPLETED"]
+    assert rest[-1].event == "end" and rest[-1].data == {"status": "COMPLETED"}
+    # A finished job's watch sends its whole history at once and ends.
+    async with live_api.session.get(url, headers=live_api.auth) as again:
+        replay = [message async for message in sse_messages(again)]
+    assert [m.id for m in replay[:-1]] == [m.id for m in seen + rest[:-1]]
+
+
+async def test_last_event_id_resumes_after_that_event(live_api: LiveApi) -> None:
+    await store_review(live_api)
+    job_id = await parked_job(live_api)
+    await live_api.runtime.require_control().cancel(uuid.UUID(job_id), reason="enough")
+    url = live_api.url + events_path(job_id)
+    async with live_api.session.get(url, headers=live_api.auth) as response:
+        everything = [m async for m in sse_messages(response)]
+    second = everything[1].id
+    headers = {**live_api.auth, "Last-Event-ID": second}
+    async with live_api.session.get(url, headers=headers) as response:
+        resumed = [m async for m in sse_messages(response)]
+    assert [m.id for m in resumed] == [m.id for m in everything[2:]]
+    assert resumed[-2].data["type"] == "TYPE_CANCELLED"
+    async with live_api.session.get(url + f"?after={second}", headers=live_api.auth) as response:
+        assert [m.id for m in [m async for m in sse_messages(response)]] == [
+            m.id for m in everything[2:]
+        ]
+
+
+async def test_progress_reaches_the_watcher_and_a_lost_claim_cannot_write_it(
+    live_api: LiveApi,
+) -> None:
+    await store_review(live_api)
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    async with live_api.session.post(
+        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
+    ) as r:
+        job_id = (await r.json())["job"]["job_id"]
+    runs = live_api.runtime.require_runs()
+    claimed = await runs.claim("http-test")
+    assert claimed is not None
+    lease = claimed.lease
+    progress = ProgressStore(runs.pool)
+    stale = ProgressReport(lease.job_id, lease.token - 1, lease.attempt, "tokenize", 0.9, "old")
+    assert await progress.record([stale]) == 0
+    fresh = ProgressReport(lease.job_id, lease.token, lease.attempt, "tokenize", 0.25, "1 of 4")
+    assert await progress.record([fresh]) == 1
+    url = live_api.url + events_path(job_id)
+    async with live_api.session.get(url, headers=live_api.auth) as response:
+        messages = sse_messages(response)
+        first = [await anext(messages) for _ in range(2)]
+        assert first[0].data["type"] == "TYPE_ACCEPTED"
+        assert first[1].event == "progress"
+        assert first[1].data["step_name"] == "tokenize"
+        assert first[1].data["fraction"] == 0.25 and first[1].data["message"] == "1 of 4"
+        await runs.fail(lease, error="gave up")
+        rest = [m async for m in messages]
+    assert rest[-1].data == {"status": "FAILED"}
+    # The claim is gone now: nothing it reports is stored.
+    assert await progress.record([fresh]) == 0
+
+
+async def test_a_bad_watch_request_is_refused_before_any_stream_starts(
+    live_api: LiveApi,
+) -> None:
+    await store_review(live_api)
+    job_id = await parked_job(live_api)
+    url = live_api.url + events_path(job_id)
+    refusals = [
+        (url, {"Last-Event-ID": "-1"}, 400, "Last-Event-ID"),
+        (url + "?after=x", {}, 400, "after"),
+        (url + "?since=1", {}, 400, "since"),
+        (live_api.url + events_path(str(uuid.uuid4())), {}, 404, ""),
+        (live_api.url + events_path("not-a-uuid"), {}, 400, "job_id"),
+    ]
+    for target, extra, status, named in refusals:
+        async with live_api.session.get(target, headers={**live_api.auth, **extra}) as r:
+            assert r.status == status, await r.text()
+            assert r.content_type == "application/json"
+            assert named in (await r.json())["message"]
+    async with live_api.session.get(url) as r:
+        assert r.status == 401
+
+
+async def test_watchers_past_the_limit_are_told_to_come_back_later(
+    make_database: Any,
+) -> None:
+    async with live({"DATABASE_URL": make_database(migrated=True), "WFJOBS_WATCH_MAX": "1"}) as api:
+        await store_review(api)
+        job_id = await parked_job(api)
+        url = api.url + events_path(job_id)
+        async with api.session.get(url, headers=api.auth) as first:
+            assert (await anext(sse_messages(first))).data["type"] == "TYPE_ACCEPTED"
+            async with api.session.get(url, headers=api.auth) as second:
+                assert second.status == 429
+                assert "1 watchers" in (await second.json())["message"]
+        # The first watcher left; the slot is free again.
+        for _ in range(50):
+            if api.runtime.require_watch().watchers == 0:
+                break
+            await asyncio.sleep(0.05)
+        async with api.session.get(url, headers=api.auth) as third:
+            assert third.status == 200
+
+
+async def test_stopping_the_server_ends_open_watches_at_once(make_database: Any) -> None:
+    watcher = aiohttp.ClientSession()
+    try:
+        async with live({"DATABASE_URL": make_database(migrated=True)}) as api:
+            await store_review(api)
+            job_id = await parked_job(api)
+            response = await watcher.get(api.url + events_path(job_id), headers=api.auth)
+            messages = sse_messages(response)
+            assert (await anext(messages)).data["type"] == "TYPE_ACCEPTED"
+            started = asyncio.get_running_loop().time()
+        # The stream ended without an ``end`` message: the client reconnects.
+        assert [m.data["type"] for m in [m async for m in messages]] == [
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_STEP_CHECKPOINT",
+            "TYPE_WAITING",
+        ]
+        assert asyncio.get_running_loop().time() - started < 5.0
+    finally:
+        await watcher.close()

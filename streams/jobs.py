@@ -55,6 +55,7 @@ from store.states import Status
 from store.submit_batch import submit_rows
 from streams.explain import ExplainFacts
 from workflows.failures import StepFailure
+from workflows.forms import response_form
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -428,6 +429,36 @@ class Jobs:
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)
         return result
+
+    async def step_form(
+        self, *, job_id: uuid.UUID, step_name: str, owner: str | None = None
+    ) -> dict[str, Any]:
+        """The fields of an external step's response, for a form that answers it.
+
+        Read from the job's own definition snapshot, so the form matches what
+        complete-step will judge, whatever the stored workflow says today.
+        """
+        with outages_as_unavailable():
+            job = _visible(await self._runtime.require_runs().get(job_id), owner)
+        if job.definition is None:
+            raise NotFound(f"job {job_id} has no definition snapshot to read its steps from")
+        step = self._runtime.compile(job.definition, job.definition_hash).step(step_name)
+        if not step.external:
+            raise InvalidArgument(
+                f"step {step_name!r} is not an external step: a worker answers it, not a person"
+            )
+        return {
+            "job_id": str(job.job_id),
+            "step_name": step.name,
+            "response_type": step.response_type.DESCRIPTOR.full_name,
+            "fields": response_form(step.response_type),
+            "parked_here": job.status == Status.WAITING and job.outstanding_step == step.name,
+        }
+
+    async def fleet(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
+        """Jobs by status, the backlog's age and, for a fleet-wide caller, workers and outbox."""
+        with outages_as_unavailable():
+            return await self._runtime.require_fleet().overview(owner=owner, fleet_wide=fleet_wide)
 
     # ------------------------------------------------------------------ cancel
 

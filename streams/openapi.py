@@ -194,6 +194,59 @@ _UUID: Mapping[str, Any] = {"type": "string", "format": "uuid"}
 _NAME: Mapping[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
 _LIMIT: Mapping[str, Any] = {"type": "integer", "minimum": 0}
 
+_COUNTS: Mapping[str, Any] = {"type": "object", "additionalProperties": {"type": "integer"}}
+_FLEET: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "as_of": {"type": "string", "format": "date-time"},
+        "jobs_by_status": _COUNTS,
+        "jobs_by_status_last_5m": _COUNTS,
+        "oldest_queued_age_s": {"type": ["number", "null"]},
+        "outbox": {
+            "type": "object",
+            "description": "only for a fleet-wide token",
+            "properties": {
+                "pending": {"type": "integer"},
+                "oldest_pending_age_s": {"type": ["number", "null"]},
+                "failed": {"type": "integer"},
+            },
+        },
+        "workers": {
+            "type": "array",
+            "description": "only for a fleet-wide token: workers holding RUNNING jobs",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "worker": {"type": "string"},
+                    "running": {"type": "integer"},
+                    "first_lease_until": {"type": "string", "format": "date-time"},
+                    "last_lease_until": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
+    },
+}
+_STEP_FORM: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "job_id": {"type": "string"},
+        "step_name": {"type": "string"},
+        "response_type": {"type": "string"},
+        "parked_here": {"type": "boolean"},
+        "fields": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "the field's JSON name"},
+                    "kind": {"enum": ["boolean", "integer", "number", "string", "enum", "json"]},
+                    "type": {"type": "string", "description": "the field's .proto type"},
+                    "choices": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
 _OUTBOX_PAGE: Mapping[str, Any] = {
     "type": "object",
     "properties": {
@@ -399,6 +452,28 @@ def openapi_document() -> dict[str, Any]:
                         "sent by a reconnecting client: resume after this event (wins over after)",
                     ),
                 ],
+                scope="read",
+            ),
+        },
+        "/v1/workflow-runs/{job_id}/steps/{step_name}:form": {
+            "get": _operation(
+                "stepForm",
+                "The fields of an external step's response, to build a form that answers it",
+                {"200": _answer(_STEP_FORM, "the step's response type and its fields")},
+                errors=("400", "503"),
+                parameters=[
+                    _path("job_id", _UUID, "the job's id"),
+                    _path("step_name", {"type": "string", "minLength": 1}, "an external step"),
+                ],
+                scope="read",
+            ),
+        },
+        "/v1/fleet": {
+            "get": _operation(
+                "fleetOverview",
+                "Jobs by status, the backlog's age and, fleet-wide, the workers and the outbox",
+                {"200": _answer(_FLEET, "the overview, at most a few seconds old")},
+                errors=("400", "503"),
                 scope="read",
             ),
         },

@@ -39,6 +39,7 @@ from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
+from store.fleet import FleetStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
 from store.outbox import Outbox
@@ -50,6 +51,7 @@ from store.runs import RunStore
 from store.tokens import TokenStore
 from streams.admission import Admission
 from streams.claims import ClaimLoops
+from streams.fleet import FleetOverview
 from streams.health import HealthReport, HealthSource, PartHealth, report
 from streams.listener import Listener
 from streams.progress import ProgressRecorder
@@ -120,6 +122,7 @@ class Runtime(mode.Service):
         self.relay: OutboxRelay | None = None
         self.progress: ProgressRecorder | None = None
         self.watch: JobWatch | None = None
+        self.fleet: FleetOverview | None = None
         self.admission = Admission(settings.max_queued_jobs)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
@@ -181,6 +184,7 @@ class Runtime(mode.Service):
         self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
+        self.fleet = FleetOverview(FleetStore(pool), self.outbox)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         # The relay drains the outbox when it notifies; watchers read it.
@@ -316,6 +320,11 @@ class Runtime(mode.Service):
         if self.definitions is None:
             raise self._unavailable()
         return self.definitions
+
+    def require_fleet(self) -> FleetOverview:
+        if self.fleet is None:
+            raise self._unavailable()
+        return self.fleet
 
     def require_watch(self) -> JobWatch:
         if self.watch is None:

@@ -109,6 +109,7 @@ from streams.convert import (
     stored_workflow_message,
     struct_to_dict,
 )
+from streams.dashboard import register_dashboard
 from streams.explain import explain_job
 from streams.health import HealthReport
 from streams.http_errors import load_json
@@ -355,6 +356,18 @@ class HttpVerbs:
         # Not found is what a caller who may not see the job is told, too.
         await self.jobs.get_job(parsed, owner=caller.visible_owner)
         return watch.frames(parsed, after=after, connected=connected)
+
+    async def step_form(self, caller: Caller, job_id: str, step_name: str) -> Reply:
+        parsed = parse_job_id(job_id)
+        form = await self.jobs.step_form(
+            job_id=parsed, step_name=step_name, owner=caller.visible_owner
+        )
+        return Reply(200, form)
+
+    async def fleet(self, caller: Caller, query: Mapping[str, str]) -> Reply:
+        _only_parameters(query, (), "fleet")
+        overview = await self.jobs.fleet(owner=caller.visible_owner, fleet_wide=caller.fleet_wide)
+        return Reply(200, overview)
 
     async def explain_job(self, caller: Caller, job_id: str) -> Reply:
         request = api_pb2.ExplainJobRequest(job_id=job_id)
@@ -783,6 +796,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     if not verbs:
         return
     register_openapi(app)
+    register_dashboard(app)
 
     async def end_watches(_: aiohttp_web.Application) -> None:
         # Open event streams would otherwise hold the server's shutdown for
@@ -900,6 +914,27 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
                 caller = await api.authorize(_authorization(request), auth.COMPLETE)
                 body = await read_body(request, api.max_body_bytes)
                 return await api.complete_step(caller, job_id, step_name, body)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/workflow-runs/{job_id}/steps/{step_name}:form")
+    class StepForm(View):
+        async def get(
+            self, request: Request, job_id: str = "", step_name: str = "", **_: Any
+        ) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.READ)
+                _only_parameters(_query(request), (), "step-form")
+                return await api.step_form(caller, job_id, step_name)
+
+            return await _respond(self, call)
+
+    @app.page("/v1/fleet")
+    class Fleet(View):
+        async def get(self, request: Request, **_: Any) -> Response:
+            async def call() -> Reply:
+                caller = await api.authorize(_authorization(request), auth.READ)
+                return await api.fleet(caller, _query(request))
 
             return await _respond(self, call)
 

@@ -1,0 +1,77 @@
+"""The fleet overview the dashboard's first page shows, cached for a few seconds.
+
+Counting jobs by status reads every job row, so a page that refreshes every
+few seconds in several browsers must not count per request: each process keeps
+each owner's answer for ``ttl_s`` (one entry per owner asked, fleet-wide
+callers sharing one). Workers and the outbox belong to no owner: only a
+fleet-wide caller sees them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from store.fleet import FleetStore
+from store.outbox import Outbox
+
+# Owners whose answers are kept at once; past it the oldest entry goes.
+_CACHED_OWNERS = 1024
+
+
+class FleetOverview:
+    def __init__(
+        self,
+        fleet: FleetStore,
+        outbox: Outbox,
+        *,
+        ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fleet = fleet
+        self._outbox = outbox
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._cached: dict[tuple[str | None, bool], tuple[float, dict[str, Any]]] = {}
+
+    async def overview(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
+        key = (owner, fleet_wide)
+        now = self._clock()
+        cached = self._cached.get(key)
+        if cached is not None and now - cached[0] < self._ttl_s:
+            return cached[1]
+        answer = await self._read(owner=owner, fleet_wide=fleet_wide)
+        if len(self._cached) >= _CACHED_OWNERS:
+            self._cached.pop(next(iter(self._cached)))
+        self._cached[key] = (now, answer)
+        return answer
+
+    async def _read(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
+        counts = await self._fleet.counts(owner=owner)
+        answer: dict[str, Any] = {
+            "as_of": counts.as_of.isoformat(),
+            "jobs_by_status": counts.by_status,
+            "jobs_by_status_last_5m": counts.recent_by_status,
+            "oldest_queued_age_s": counts.oldest_queued_age_s,
+        }
+        if fleet_wide:
+            backlog = await self._outbox.backlog()
+            answer["outbox"] = {
+                "pending": await self._outbox.pending_count(),
+                "oldest_pending_age_s": backlog.oldest_pending_age_s,
+                "failed": backlog.failed_rows,
+            }
+            answer["workers"] = [
+                {
+                    "worker": held.worker,
+                    "running": held.running,
+                    "first_lease_until": held.first_lease_until.isoformat(),
+                    "last_lease_until": held.last_lease_until.isoformat(),
+                }
+                for held in await self._fleet.workers()
+            ]
+        return answer
+
+
+__all__ = ["FleetOverview"]

@@ -1,0 +1,127 @@
+"""The dashboard in a real browser (Debian's Chromium, headless) against a real worker.
+
+A person opens the dashboard, gives it a token, submits a job of the sample
+workflow, watches it park on its review step without reloading the page,
+answers the review through the form built from the step's response type, and
+sees the job complete. Screenshots of the fleet page and the job page are left
+in the test artefacts directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
+
+from tests.browser import artifacts_dir, chromium_executable
+from tests.e2e.harness import Stack
+from workflows.samples.build import load_workflow
+
+pytestmark = pytest.mark.e2e
+
+SAMPLE = "embed-and-review"
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return chromium_executable()
+
+
+@pytest.fixture
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def _worker_url(stack: Stack) -> str:
+    worker = await stack.start_worker(
+        "dashboard-w1",
+        WFJOBS_HANDLERS="workflows.samples.handlers",
+        WFJOBS_WATCH_POLL_S="0.2",
+    )
+    await stack.put_workflow(worker, load_workflow())
+    return worker.url
+
+
+async def _sign_in(page: Page, token: str) -> None:
+    # Without a token the first call answers 401 and the dashboard asks for one.
+    await page.wait_for_selector("#token-dialog[open]", timeout=TIMEOUT_MS)
+    await page.fill("#token-input", token)
+    await page.click("#token-save")
+
+
+async def test_submit_watch_it_park_answer_the_review_and_see_it_complete(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    artifacts = artifacts_dir()
+    page = await browser.new_page(viewport={"width": 1366, "height": 900})
+    problems: list[str] = []
+
+    def note(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    # From here on, nothing the page does may fail (the 401 above asked for the token).
+    page.on("console", note)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    await page.wait_for_selector("#status-tiles [data-status=QUEUED]", timeout=TIMEOUT_MS)
+
+    # Submit a job of the sample workflow from the jobs page.
+    await page.click("nav a[data-nav=jobs]")
+    await page.click("#submit-panel summary")
+    await page.wait_for_selector(f"#submit-workflow option[value='{SAMPLE}']", state="attached")
+    await page.select_option("#submit-workflow", SAMPLE)
+    await page.fill("#submit-input", '{"text": "review this in a browser"}')
+    # Marks this page load: a reload would lose it.
+    await page.evaluate("window.sameLoad = true")
+    await page.click("#submit-job")
+
+    # The job page follows it live: it parks on the review step.
+    await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#timeline [data-event=TYPE_WAITING]", timeout=TIMEOUT_MS)
+    job_id = (await page.inner_text("#job-title .mono")).strip()
+    assert (await stack.job(job_id)).status == "WAITING"
+
+    # Answer the review through the form built from ReviewDecision.
+    await page.wait_for_selector("#complete-form", timeout=TIMEOUT_MS)
+    await page.check("#complete-form [data-field=approved]")
+    await page.fill("#complete-form [data-field=note]", "looks right")
+    await page.click("#complete-submit")
+
+    await page.wait_for_selector("#job-title [data-status=COMPLETED]", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#timeline [data-event=TYPE_COMPLETED]", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#job-result", timeout=TIMEOUT_MS)
+    assert await page.evaluate("window.sameLoad") is True, "the page was reloaded"
+    job = await stack.job(job_id)
+    assert job.status == "COMPLETED"
+    assert job.result is not None and job.result["approved"] is True
+    events = [
+        await item.get_attribute("data-event")
+        for item in await page.query_selector_all("#timeline [data-event]")
+    ]
+    assert events[0] == "TYPE_ACCEPTED" and events[-1] == "TYPE_COMPLETED"
+    assert events.count("TYPE_WAITING") == 1
+    # Let the last refresh land before the picture.
+    await asyncio.sleep(0.3)
+    await page.screenshot(path=str(artifacts / "dashboard-job.png"), full_page=True)
+
+    # The fleet at a glance counts it (its answer is cached for a few seconds).
+    await page.click("nav a[data-nav=fleet]")
+    await page.wait_for_function(
+        "document.querySelector('#status-tiles [data-status=COMPLETED] .n')?.textContent === '1'",
+        timeout=TIMEOUT_MS,
+    )
+    await page.wait_for_selector("#outbox-health", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#workers", timeout=TIMEOUT_MS)
+    await page.screenshot(path=str(artifacts / "dashboard-fleet.png"), full_page=True)
+    assert problems == []

@@ -54,6 +54,15 @@ class Worker(faust.Worker):
     """Refuses to start without a worker id, before touching Kafka or Postgres,
     and writes its log lines in ``WFJOBS_LOG_FORMAT``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        runtime = getattr(self.app, "wfjobs_runtime", None)
+        if isinstance(runtime, Runtime) and runtime.settings.log_format == "json":
+            # The start-up progress is for a terminal: with JSON lines asked
+            # for, the worker writes nothing else. (The ``faust`` command's own
+            # banner comes before the worker exists; ``faust --quiet`` drops it.)
+            self.quiet = True
+
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         # Called once mode has given the root logger its handlers (``--logfile``
         # or the terminal, at ``--loglevel``): every line of Faust, mode and the

@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
-.PHONY: install lint typecheck check-generated test test-fast dev bench bench-peers bench-backlog bench-scaleout kafka clean
+.PHONY: install lint typecheck check-generated test test-fast dev bench bench-tracing bench-peers bench-backlog bench-scaleout kafka clean
 
 # pip only installs uv; its pip-compatible installer does the rest.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv
-	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test]'
+	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test,tracing]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -56,9 +56,13 @@ dev: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.end_to_end
 
+# Jobs/s with WFJOBS_TRACING on and off, alternating rounds on one Postgres and one Kafka.
+bench-tracing: $(STAMP)
+	$(BIN)/python -m benchmarks.tracing
+
 # Side by side with pgqueuer, procrastinate and a bare SKIP LOCKED queue, on one Postgres.
 bench-peers: $(STAMP)
-	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test,bench]'
+	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev,test,tracing,bench]'
 	$(BIN)/python -m benchmarks.peers
 
 # Per-job cost with 1 000, 10 000 and 100 000 jobs queued.

@@ -32,6 +32,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from store.pool import Pool
@@ -113,6 +114,16 @@ UPDATE workflow_run_events_outbox AS o
    AND o.status = 'PENDING'
 RETURNING o.id, o.job_id, o.event_type, o.payload, o.attempts
 """
+
+# The same lease with each row's job's stored trace context (migration 0013):
+# one primary-key probe of workflow_run per row, paid only by a relay that
+# traces. A job deleted by retention has no rows left to lease.
+LEASE_PENDING_TRACED_SQL = LEASE_PENDING_SQL.replace(
+    "RETURNING o.id, o.job_id, o.event_type, o.payload, o.attempts",
+    "RETURNING o.id, o.job_id, o.event_type, o.payload, o.attempts,"
+    " (SELECT array[r.traceparent, r.tracestate] FROM workflow_run AS r"
+    " WHERE r.job_id = o.job_id)",
+)
 
 
 def lease_pending_params(
@@ -211,6 +222,9 @@ class OutboxRow:
     # The encoded WorkflowRunEvent without event_id; see schemas.contract.with_event_id.
     payload: bytes
     attempts: int
+    # The job's W3C trace context, read only by an Outbox made with ``traced``.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,10 +294,12 @@ class Backlog:
 
 
 class Outbox:
-    def __init__(self, pool: Pool, *, lease_s: float = 60.0) -> None:
+    def __init__(self, pool: Pool, *, lease_s: float = 60.0, traced: bool = False) -> None:
+        """``traced``: lease each row with its job's trace context (``OutboxRow.traceparent``)."""
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
         self._pool = pool
+        self._lease_sql = LEASE_PENDING_TRACED_SQL if traced else LEASE_PENDING_SQL
         # Longer than any publish may take: a lease that runs out mid-publish
         # lets another relay send the same rows again.
         self.lease_s = lease_s
@@ -322,9 +338,9 @@ class Outbox:
             # One round trip: BEGIN, the planner settings, the lease, COMMIT.
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(RELAY_PLANNER_SETTINGS_SQL)
-                cursor = await conn.execute(LEASE_PENDING_SQL, params)
+                cursor = await conn.execute(self._lease_sql, params)
             fetched = await cursor.fetchall()
-        return sorted((OutboxRow(*row) for row in fetched), key=lambda row: row.id)
+        return sorted((_outbox_row(row) for row in fetched), key=lambda row: row.id)
 
     async def _settle(
         self,
@@ -410,3 +426,11 @@ class Outbox:
         assert row is not None
         age = None if row[0] is None else max(float(row[0]), 0.0)
         return Backlog(oldest_pending_age_s=age, failed_rows=int(row[1]))
+
+
+def _outbox_row(row: Sequence[Any]) -> OutboxRow:
+    if len(row) == 5:
+        return OutboxRow(*row)
+    id_, job_id, event_type, payload, attempts, trace = row
+    traceparent, tracestate = trace or (None, None)
+    return OutboxRow(id_, job_id, event_type, payload, attempts, traceparent, tracestate)

@@ -59,6 +59,9 @@ class Job:
     resumed_by: UUID | None = None
     # When the current (or last) claim took it.
     claimed_at: datetime | None = None
+    # The W3C trace context it was submitted with (migration 0013), if any.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,9 @@ class Submission(TypedDict):
     owner: NotRequired[str | None]
     # The whole-job deadline, from now on the database's clock; absent: none.
     deadline_ms: NotRequired[int | None]
+    # The W3C trace context to store with the job; absent: none.
+    traceparent: NotRequired[str | None]
+    tracestate: NotRequired[str | None]
 
 
 class FailedSubmission(TypedDict):
@@ -129,6 +135,8 @@ class FailedSubmission(TypedDict):
     input: dict[str, Any]
     error: str
     owner: NotRequired[str | None]
+    traceparent: NotRequired[str | None]
+    tracestate: NotRequired[str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +288,8 @@ def job_from_row(row: Sequence[Any]) -> Job:
         resumed_from,
         resumed_by,
         claimed_at,
+        traceparent,
+        tracestate,
     ) = row
     return Job(
         job_id=job_id,
@@ -309,4 +319,6 @@ def job_from_row(row: Sequence[Any]) -> Job:
         resumed_from=resumed_from,
         resumed_by=resumed_by,
         claimed_at=claimed_at,
+        traceparent=traceparent,
+        tracestate=tracestate,
     )

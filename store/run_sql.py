@@ -47,6 +47,8 @@ JOB_COLUMNS = (
     "resumed_from",
     "resumed_by",
     "claimed_at",
+    "traceparent",
+    "tracestate",
 )
 # Plain names, for reading a CTE that returned a job's columns.
 PLAIN_COLUMNS = ", ".join(JOB_COLUMNS)

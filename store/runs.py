@@ -299,6 +299,8 @@ class RunStore:
             "payload": self._encode(event),
             "owner": submission.get("owner"),
             "deadline_ms": submission.get("deadline_ms") or None,
+            "traceparent": submission.get("traceparent"),
+            "tracestate": submission.get("tracestate"),
         }
 
     async def submit_failed(self, **failed: Unpack[FailedSubmission]) -> SubmitResult:
@@ -331,6 +333,8 @@ class RunStore:
             "payload": self._encode(event),
             "owner": failed.get("owner"),
             "deadline_ms": None,
+            "traceparent": failed.get("traceparent"),
+            "tracestate": failed.get("tracestate"),
         }
 
     # ----------------------------------------------------------------- claim

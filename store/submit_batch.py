@@ -36,6 +36,8 @@ _ROW_KEYS = (
     "deadline_ms",
     "event_type",
     "payload",
+    "traceparent",
+    "tracestate",
 )
 _TRIES = 3
 

@@ -28,19 +28,21 @@ WITH given AS (
       FROM unnest(%(job_id)b::uuid[], %(workflow_name)b::text[], %(definition_hash)b::text[],
                   %(input)b::text[], %(status)b::text[], %(max_attempts)b::int[],
                   %(error)b::text[], %(owner)b::text[], %(deadline_ms)b::bigint[],
-                  %(event_type)b::text[], %(payload)b::bytea[])
+                  %(event_type)b::text[], %(payload)b::bytea[], %(traceparent)b::text[],
+                  %(tracestate)b::text[])
            AS g(job_id, workflow_name, definition_hash, input, status, max_attempts,
-                error, owner, deadline_ms, event_type, payload)
+                error, owner, deadline_ms, event_type, payload, traceparent, tracestate)
 ), snapshot_lock AS MATERIALIZED (
     SELECT s.hash, s.definition,
            pg_advisory_xact_lock_shared({SNAPSHOT_LOCK_CLASS}, hashtext(s.hash)) AS locked
       FROM unnest(%(snapshot_hash)b::text[], %(snapshot)b::text[]) AS s(hash, definition)
      ORDER BY s.hash
 ), inserted AS (
-    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
-                              input, status, max_attempts, error, run_after, owner, deadline_at)
+    INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status,
+                              max_attempts, error, run_after, owner, deadline_at,
+                              traceparent, tracestate)
     SELECT job_id, workflow_name, definition_hash, input::jsonb, status, max_attempts, error,
-           now(), owner, now() + deadline_ms * interval '1 millisecond'
+           now(), owner, now() + deadline_ms * interval '1 millisecond', traceparent, tracestate
       FROM given
      -- After the locks: a row's snapshot is locked before the row can commit.
      WHERE (SELECT count(*) FROM snapshot_lock) >= 0
@@ -77,11 +79,13 @@ WITH snapshot_lock AS (
        AND NOT EXISTS (SELECT FROM workflow_run WHERE job_id = %(job_id)s)
     ON CONFLICT (hash) DO NOTHING
 ), inserted AS (
-    INSERT INTO workflow_run (job_id, workflow_name, definition_hash,
-                              input, status, max_attempts, error, run_after, owner, deadline_at)
+    INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status,
+                              max_attempts, error, run_after, owner, deadline_at,
+                              traceparent, tracestate)
     VALUES (%(job_id)s, %(workflow_name)s, %(definition_hash)s,
             %(input)s, %(status)s, %(max_attempts)s, %(error)s, now(), %(owner)s,
-            now() + %(deadline_ms)s::bigint * interval '1 millisecond')
+            now() + %(deadline_ms)s::bigint * interval '1 millisecond',
+            %(traceparent)s, %(tracestate)s)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (

@@ -33,6 +33,7 @@ import gc
 # imports are set aside with them: a bounded, one-time cost of memory.
 gc.disable()
 
+import logging
 import os
 import sys
 from typing import Any, NoReturn
@@ -50,7 +51,26 @@ from streams.web import HttpVerbs, register_views
 
 
 class Worker(faust.Worker):
-    """Refuses to start without a worker id, before touching Kafka or Postgres."""
+    """Refuses to start without a worker id, before touching Kafka or Postgres,
+    and writes its log lines in ``WFJOBS_LOG_FORMAT``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        runtime = getattr(self.app, "wfjobs_runtime", None)
+        if isinstance(runtime, Runtime) and runtime.settings.log_format == "json":
+            # The start-up progress is for a terminal: with JSON lines asked
+            # for, the worker writes nothing else. (The ``faust`` command's own
+            # banner comes before the worker exists; ``faust --quiet`` drops it.)
+            self.quiet = True
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        # Called once mode has given the root logger its handlers (``--logfile``
+        # or the terminal, at ``--loglevel``): every line of Faust, mode and the
+        # service goes through them, so they are the ones to format.
+        super().on_setup_root_logger(logger, level)
+        runtime = getattr(self.app, "wfjobs_runtime", None)
+        if isinstance(runtime, Runtime):
+            runtime.install_log_format(logger)
 
     def execute_from_commandline(self) -> NoReturn:
         # As with ``python -m``, the working directory is importable, so a

@@ -90,8 +90,10 @@ from store.errors import is_outage
 from store.history_sql import ErrorClass
 from store.records import ClaimedJob, Lease, SegmentProgress
 from store.runs import RunStore
+from streams import logs
 from streams.backoff import Backoff
 from streams.health import PartHealth
+from streams.tracing import Tracing, now_ns
 from workflows.failures import FailureKind, StepFailure
 from workflows.invokers import GrpcChannels, HandlerRegistry
 from workflows.runner import Completed, Parked, SegmentOutcome, run_segment
@@ -201,6 +203,7 @@ class ClaimLoops(mode.Service):
         hold_back_last_checkpoint: bool = False,
         progress: ProgressReporter | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
         **kwargs: Any,
     ) -> None:
         """``settle_bound_s``: longest a job may stay held once its segment ended
@@ -210,7 +213,8 @@ class ClaimLoops(mode.Service):
         ``hold_back_last_checkpoint``: write the last step's checkpoint with the
         completion (see the module docstring); ``progress``: where the steps'
         progress reports go (``streams.progress``), with the claim that runs them;
-        ``clock``: the monotonic clock of every bound here."""
+        ``clock``: the monotonic clock of every bound here;
+        ``tracing``: spans of every claim, segment and step (None: none)."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
         if heartbeat_s <= 0 or settle_bound_s <= 0 or claim_failure_bound_s <= 0:
@@ -231,6 +235,7 @@ class ClaimLoops(mode.Service):
         self._claim_backoff = Backoff(poll_interval_s, max(poll_interval_s, _CLAIM_RETRY_CAP_S))
         self._grace_s = grace_s
         self._hold_back_last = hold_back_last_checkpoint
+        self._tracing = tracing
         self._heartbeat_s = heartbeat_s
         self._max_per_target = max_per_target
         self._wake = wake if wake is not None else asyncio.Event()
@@ -322,6 +327,7 @@ class ClaimLoops(mode.Service):
             # Cleared before the claim: a notification that arrives during it
             # is kept for the wait below instead of being lost.
             self._wake.clear()
+            started_ns = now_ns() if self._tracing is not None else 0
             try:
                 claimed = await self._runs.claim_batch(self._worker_id, want)
             except Exception as exc:
@@ -345,6 +351,10 @@ class ClaimLoops(mode.Service):
             self._last_claim_wall = datetime.now(UTC)
             self.stats.claims += 1
             self.stats.claimed += len(claimed)
+            if self._tracing is not None:
+                ended_ns = now_ns()
+                for job in claimed:
+                    self._tracing.claimed(job, started_ns, ended_ns)
             for job in claimed:
                 self._idle -= 1
                 self._queue.put_nowait(job)
@@ -383,7 +393,19 @@ class ClaimLoops(mode.Service):
                 self._has_idle.set()
 
     async def process(self, claimed: ClaimedJob) -> None:
-        """Run one claimed job's segment and settle it; never raises for the job's sake."""
+        """Run one claimed job's segment and settle it; never raises for the job's sake.
+
+        Its log lines name the job (``streams.logs``), and with tracing on its
+        ``segment`` span is current throughout, so step spans nest under it.
+        """
+        with logs.about_job(claimed.job_id, claimed.lease.attempt):
+            if self._tracing is None:
+                await self._process(claimed)
+                return
+            with self._tracing.segment(claimed):
+                await self._process(claimed)
+
+    async def _process(self, claimed: ClaimedJob) -> None:
         lease = claimed.lease
         job = claimed.job
         try:
@@ -557,6 +579,7 @@ class ClaimLoops(mode.Service):
                 registry=self._registry,
                 channels=self._channels,
                 progress=None if self._progress is None else partial(self._progress, lease),
+                observe_step=self._tracing.step if self._tracing is not None else None,
             )
 
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
@@ -647,39 +670,44 @@ class ClaimLoops(mode.Service):
         """
         now = self._clock()
         for holding in list(self._holdings):
-            job_id = holding.lease.job_id
-            if holding.ended_at is None and holding.stalled_at is None:
-                idle = now - holding.progress_at
-                if idle > holding.stall_s and holding.segment is not None:
-                    holding.stalled_at = now
-                    log.warning(
-                        "job %s: segment made no progress for %.1fs, longer than its deadline "
-                        "(%.1fs) plus the lease; stopping it",
-                        job_id,
-                        idle,
-                        holding.deadline_s,
-                    )
-                    holding.segment.cancel()
-                continue
-            since = holding.ended_at if holding.ended_at is not None else holding.stalled_at
-            assert since is not None
-            if holding.past_bound or now - since <= self._settle_bound_s:
-                continue
-            holding.past_bound = True
-            self.stats.held_past_bound += 1
-            log.error(
-                "job %s: still held %.1fs after its segment %s (bound %.1fs); handing it back",
-                job_id,
-                now - since,
-                "ended" if holding.ended_at is not None else "stalled",
-                self._settle_bound_s,
-            )
-            self._keep(
-                asyncio.get_running_loop().create_task(
-                    self._hand_back(holding.lease, "held past its bound"),
-                    name=f"hand-back-{job_id}",
+            # Its lines, and the hand-back task's, name the job like the runner's do.
+            with logs.about_job(holding.lease.job_id, holding.lease.attempt):
+                self._watch(holding, now)
+
+    def _watch(self, holding: _Holding, now: float) -> None:
+        job_id = holding.lease.job_id
+        if holding.ended_at is None and holding.stalled_at is None:
+            idle = now - holding.progress_at
+            if idle > holding.stall_s and holding.segment is not None:
+                holding.stalled_at = now
+                log.warning(
+                    "job %s: segment made no progress for %.1fs, longer than its deadline "
+                    "(%.1fs) plus the lease; stopping it",
+                    job_id,
+                    idle,
+                    holding.deadline_s,
                 )
+                holding.segment.cancel()
+            return
+        since = holding.ended_at if holding.ended_at is not None else holding.stalled_at
+        assert since is not None
+        if holding.past_bound or now - since <= self._settle_bound_s:
+            return
+        holding.past_bound = True
+        self.stats.held_past_bound += 1
+        log.error(
+            "job %s: still held %.1fs after its segment %s (bound %.1fs); handing it back",
+            job_id,
+            now - since,
+            "ended" if holding.ended_at is not None else "stalled",
+            self._settle_bound_s,
+        )
+        self._keep(
+            asyncio.get_running_loop().create_task(
+                self._hand_back(holding.lease, "held past its bound"),
+                name=f"hand-back-{job_id}",
             )
+        )
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
         """Hold a reference to a task nobody awaits, and collect its outcome."""

@@ -22,11 +22,12 @@ of another owner is answered exactly as a job that does not exist.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from schemas.errors import (
     AlreadyExists,
@@ -53,7 +54,9 @@ from store.definitions import StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
 from store.submit_batch import submit_rows
+from streams import logs
 from streams.explain import ExplainFacts
+from streams.tracing import TraceContext
 from workflows.failures import StepFailure
 from workflows.forms import response_form
 
@@ -99,6 +102,8 @@ class SubmitRequest:
     deadline_ms: int | None = None
     workflow: dict[str, Any] | None = None
     max_attempts: int | None = None
+    # The W3C context the client sent (checked by ``streams.tracing.incoming``).
+    trace: TraceContext | None = None
 
 
 # A request's definition compiled, with its envelope, or why the request cannot run.
@@ -153,6 +158,8 @@ class Jobs:
         owner: str | None = None,
         owner_only: bool = False,
         deadline_ms: int | None = None,
+        trace: TraceContext | None = None,
+        via: str = "http",
     ) -> Submitted:
         """Create the job, owned by ``owner``, or answer the one ``job_id`` already names.
 
@@ -169,6 +176,8 @@ class Jobs:
 
         ``deadline_ms`` is the whole-job deadline, counted from now; without
         one (None or 0) the definition's ``jobDeadlineMs`` applies, if any.
+        ``trace`` is the W3C context the client sent, ``via`` the way in
+        (``http``, ``kafka``), as ``submit_many`` records them.
 
         A batch of one of ``submit_many``, which decides and writes every submit.
         """
@@ -180,10 +189,12 @@ class Jobs:
             deadline_ms=deadline_ms,
             workflow=workflow,
             max_attempts=max_attempts,
+            trace=trace,
         )
-        [submitted] = await self.submit_many(
-            [request], record_refusals=record_refusals, owner_only=owner_only
-        )
+        with logs.about_job(request.job_id):
+            [submitted] = await self.submit_many(
+                [request], record_refusals=record_refusals, owner_only=owner_only, via=via
+            )
         return submitted
 
     async def submit_many(
@@ -192,9 +203,16 @@ class Jobs:
         *,
         record_refusals: bool = False,
         owner_only: bool = False,
+        via: str = "http",
     ) -> list[Submitted]:
         """``submit`` for each request, in one statement and one commit; the
         answers are in ``requests`` order.
+
+        Trace context: each job's row stores the context of its ``submit`` span
+        when this process traces, else the one its client sent. Stored even
+        untraced (a text column, NULL when absent): a relay or worker that
+        traces then continues the client's trace, whichever process took the
+        submit.
 
         Each request is decided as it would be alone, in order: a job_id that an
         earlier request of the batch names is answered with that request's job,
@@ -204,6 +222,30 @@ class Jobs:
         and otherwise refuses it whole (``ResourceExhausted``), as it would
         refuse the first new job of the same requests made one by one.
         """
+        tracing = self._runtime.tracing
+        if tracing is None:
+            return await self._submit_many(requests, record_refusals, owner_only)
+        spans = []
+        traced = []
+        for request in requests:
+            span, context = tracing.start_submit(via, request.trace)
+            spans.append(span)
+            traced.append(dataclasses.replace(request, trace=context))
+        try:
+            answers = await self._submit_many(traced, record_refusals, owner_only)
+        except BaseException as exc:
+            for span in spans:
+                tracing.end_submit(span, error=exc)
+            raise
+        for span, request, answer in zip(spans, requests, answers, strict=True):
+            tracing.end_submit(
+                span, job_id=str(request.job_id), created=answer.created, refused=answer.refused
+            )
+        return answers
+
+    async def _submit_many(
+        self, requests: Sequence[SubmitRequest], record_refusals: bool, owner_only: bool
+    ) -> list[Submitted]:
         for request in requests:
             if request.deadline_ms is not None and request.deadline_ms < 0:
                 raise InvalidArgument(
@@ -254,6 +296,7 @@ class Jobs:
                                     max_attempts=request.max_attempts or None,
                                     owner=request.owner,
                                     deadline_ms=request.deadline_ms or compiled.job_deadline_ms,
+                                    **_trace_columns(request.trace),
                                 )
                             )
                         except EventTooLarge as exc:
@@ -264,7 +307,12 @@ class Jobs:
                     if not record_refusals:
                         raise refusal
                     reason = _refusal_reason(refusal, request)
-                    log.warning("request for job %s recorded as FAILED: %s", request.job_id, reason)
+                    log.warning(
+                        "request for job %s recorded as FAILED: %s",
+                        request.job_id,
+                        reason,
+                        extra={"job_id": str(request.job_id)},
+                    )
                     rows.append(
                         runs.submit_failed_params(
                             job_id=request.job_id,
@@ -272,6 +320,7 @@ class Jobs:
                             input=request.input,
                             error=reason,
                             owner=request.owner,
+                            **_trace_columns(request.trace),
                         )
                     )
                 refusals.append(reason)
@@ -757,6 +806,17 @@ def _refusal_reason(refusal: NotFound | InvalidArgument, request: SubmitRequest)
     if isinstance(refusal, NotFound):
         return f"unknown workflow {request.workflow_name!r}: no stored definition"
     return refusal.message
+
+
+class _TraceColumns(TypedDict):
+    traceparent: str | None
+    tracestate: str | None
+
+
+def _trace_columns(trace: TraceContext | None) -> _TraceColumns:
+    if trace is None:
+        return {"traceparent": None, "tracestate": None}
+    return {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
 
 
 def _in_order(

@@ -64,6 +64,8 @@ from streams import kafka_security
 from streams.backoff import backoff_delay
 from streams.health import PartHealth
 from streams.settings import Settings
+from streams.tracing import Tracing
+from streams.tracing import stored as stored_trace
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,14 @@ class RelayRow(Protocol):
     def job_id(self) -> UUID | str: ...
     @property
     def payload(self) -> bytes: ...
+    @property
+    def traceparent(self) -> str | None: ...
+    @property
+    def tracestate(self) -> str | None: ...
 
+
+# Kafka headers of one event (its trace context, when the relay traces).
+Headers = list[tuple[str, str | bytes | None]]
 
 Publish = Callable[[list[Any]], Awaitable[Sequence[PublishFailure | None]]]
 
@@ -227,10 +236,12 @@ class OutboxRelay(mode.Service):
         backoff_max_s: float = 30.0,
         stuck_after_s: float = 120.0,
         explain: Callable[[Any, str], str | None] | None = None,
+        tracing: Tracing | None = None,
         **kwargs: Any,
     ) -> None:
         """``explain(error, servers)`` names the settings behind a producer error that
-        is configuration (refused credentials, a certificate that does not verify)."""
+        is configuration (refused credentials, a certificate that does not verify);
+        ``tracing``: a span per event, its context in the event's headers (None: none)."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
         super().__init__(**kwargs)
@@ -252,6 +263,7 @@ class OutboxRelay(mode.Service):
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._explain = explain
+        self._tracing = tracing
         self._misconfigured = ""
         self._servers = str(self._producer_config.get("bootstrap.servers", ""))
         self._prepared = False
@@ -454,6 +466,9 @@ class OutboxRelay(mode.Service):
         reports: list[KafkaError | KafkaException | str | None] = [_NOT_REPORTED] * len(rows)
         values: dict[int, bytes] = {}
         failed_jobs: set[str] = set()
+        # With tracing: each event's publish span, and the headers carrying it.
+        spans: dict[int, Any] = {}
+        headers: dict[int, Headers] = {}
         for index, row in enumerate(rows):
             key = str(row.job_id)
             if key in failed_jobs:
@@ -470,11 +485,19 @@ class OutboxRelay(mode.Service):
                 failed_jobs.add(key)
                 continue
             on_delivery = functools.partial(_report, reports, index)
+            if self._tracing is not None:
+                spans[index], headers[index] = self._tracing.start_publish(
+                    job_id=key,
+                    event_id=row.id,
+                    parent=stored_trace(row.traceparent, row.tracestate),
+                    topic=self._topic,
+                )
             # The whole batch is handed over with no await in between unless
             # the local queue is full; the pass then awaits the reports once.
-            error = self._produce_now(producer, key, value, on_delivery)
+            carried = headers.get(index)
+            error = self._produce_now(producer, key, value, on_delivery, carried)
             if error is _Queue.FULL:
-                error = await self._produce(producer, key, value, on_delivery)
+                error = await self._produce(producer, key, value, on_delivery, carried)
             if error is not None:
                 outcomes[index] = self._failure(error, "not produced")
                 failed_jobs.add(key)
@@ -482,13 +505,17 @@ class OutboxRelay(mode.Service):
                 values[index] = value
         await self._flush(producer, len(values))
         if len(values) > 1:
-            await self._resend_refused_for_size(producer, rows, values, reports)
+            await self._resend_refused_for_size(producer, rows, values, reports, headers)
         for index in values:
             report = reports[index]
             if isinstance(report, KafkaError | KafkaException):
                 outcomes[index] = self._failure(report, "delivery failed")
             elif report is not None:
                 outcomes[index] = PublishFailure(report, permanent=False)
+        if self._tracing is not None:
+            for index, span in spans.items():
+                outcome = outcomes[index]
+                self._tracing.end_publish(span, outcome.reason if outcome is not None else None)
         if self._fatal is not None:
             await self._replace_producer()
         return outcomes
@@ -499,6 +526,7 @@ class OutboxRelay(mode.Service):
         rows: Sequence[RelayRow],
         values: dict[int, bytes],
         reports: list[KafkaError | KafkaException | str | None],
+        headers: Mapping[int, Headers],
     ) -> None:
         """Send the rows refused as too large again, alone and in order: each judged on its own."""
         refused_jobs: set[str] = set()
@@ -511,7 +539,11 @@ class OutboxRelay(mode.Service):
                 continue
             reports[index] = _NOT_REPORTED
             error = await self._produce(
-                producer, key, values[index], functools.partial(_report, reports, index)
+                producer,
+                key,
+                values[index],
+                functools.partial(_report, reports, index),
+                headers.get(index),
             )
             if error is not None:
                 reports[index] = error
@@ -540,10 +572,17 @@ class OutboxRelay(mode.Service):
         key: str,
         value: bytes,
         on_delivery: Callable[[KafkaError | None, Message], None],
+        headers: Headers | None = None,
     ) -> KafkaException | Literal[_Queue.FULL] | None:
         """Hand one message to the producer: None, the producer's refusal, or ``_Queue.FULL``."""
         try:
-            producer.produce(self._topic, value=value, key=key.encode(), on_delivery=on_delivery)
+            producer.produce(
+                self._topic,
+                value=value,
+                key=key.encode(),
+                headers=headers,
+                on_delivery=on_delivery,
+            )
         except BufferError:
             return _Queue.FULL
         except KafkaException as exc:
@@ -556,9 +595,10 @@ class OutboxRelay(mode.Service):
         key: str,
         value: bytes,
         on_delivery: Callable[[KafkaError | None, Message], None],
+        headers: Headers | None = None,
     ) -> KafkaException | None:
         while True:
-            error = self._produce_now(producer, key, value, on_delivery)
+            error = self._produce_now(producer, key, value, on_delivery, headers)
             if error is not _Queue.FULL:
                 return error
             # The local queue is full: let the broker drain some of it.
@@ -659,6 +699,7 @@ def build_relay(
     producer_overrides: Mapping[str, Any] | None = None,
     name: str | None = None,
     registry: SchemaRegistryClient | None = None,
+    tracing: Tracing | None = None,
 ) -> OutboxRelay:
     """The relay the settings describe: registry and format, topic, timings, batch.
 
@@ -689,6 +730,7 @@ def build_relay(
         name=name or f"relay-{settings.worker_id or 'anonymous'}",
         backoff_max_s=settings.relay_backoff_max_s,
         stuck_after_s=settings.relay_stuck_after_s,
+        tracing=tracing,
     )
 
 

@@ -42,7 +42,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
@@ -55,6 +55,7 @@ from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
 from streams.topics import declare, raw_topic
+from streams.tracing import TraceContext, headers_of
 
 if TYPE_CHECKING:
     import faust
@@ -75,8 +76,14 @@ OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 # Sends one dead letter and returns once the broker acknowledged it.
 DeadLetter = Callable[[bytes | None, bytes | None, str], Awaitable[None]]
 
-# A message as the agent reads it: its key and value.
-Message = tuple[bytes | None, bytes | None]
+
+class Message(NamedTuple):
+    """A message as the agent reads it: its key, its value, and the W3C trace
+    context its headers carried (None when absent or malformed)."""
+
+    key: bytes | None
+    value: bytes | None
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +112,9 @@ class RequestHandler:
         self._dead_letter = dead_letter
         self._topic = topic
 
-    async def handle(self, key: bytes | None, value: bytes | None) -> Outcome:
+    async def handle(
+        self, key: bytes | None, value: bytes | None, trace: TraceContext | None = None
+    ) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
         if is_framed(value or b""):
             # A framed value may need the registry (the writer schema, once
@@ -115,7 +124,7 @@ class RequestHandler:
             decoded = self._decode(value)
         if isinstance(decoded, str):
             return await self.reject(key, value, decoded)
-        return await self._submit(decoded)
+        return await self._submit(decoded, trace)
 
     async def handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
         """One attempt at many messages, one outcome each, in order.
@@ -125,12 +134,16 @@ class RequestHandler:
         failures propagate (nothing is acknowledged), and a retry's replay is
         absorbed by the idempotent submit.
         """
-        values = [value for _, value in messages]
+        values = [message.value for message in messages]
         if any(is_framed(value or b"") for value in values):
             decoded = await asyncio.to_thread(lambda: [self._decode(value) for value in values])
         else:
             decoded = [self._decode(value) for value in values]
-        requests = [request for request in decoded if not isinstance(request, str)]
+        requests = [
+            (request, message.trace)
+            for request, message in zip(decoded, messages, strict=True)
+            if not isinstance(request, str)
+        ]
         submitted = iter(
             await self._jobs.submit_many(
                 [
@@ -140,18 +153,20 @@ class RequestHandler:
                         workflow_name=request.workflow_name,
                         owner=self.owner_of(request),
                         deadline_ms=request.deadline_ms or None,
+                        trace=trace,
                     )
-                    for request in requests
+                    for request, trace in requests
                 ],
                 record_refusals=True,
+                via="kafka",
             )
             if requests
             else []
         )
         outcomes: list[Outcome] = []
-        for (key, value), request in zip(messages, decoded, strict=True):
+        for message, request in zip(messages, decoded, strict=True):
             if isinstance(request, str):
-                outcomes.append(await self.reject(key, value, request))
+                outcomes.append(await self.reject(message.key, message.value, request))
             else:
                 outcomes.append(_outcome(next(submitted)))
         return outcomes
@@ -178,7 +193,7 @@ class RequestHandler:
             return request.principal
         return self._principal
 
-    async def _submit(self, request: WorkflowRunRequest) -> Outcome:
+    async def _submit(self, request: WorkflowRunRequest, trace: TraceContext | None) -> Outcome:
         # A full backlog raises ResourceExhausted, which the caller waits out
         # like an outage: the request stays on the topic until there is room.
         submitted = await self._jobs.submit(
@@ -188,6 +203,8 @@ class RequestHandler:
             record_refusals=True,
             owner=self.owner_of(request),
             deadline_ms=request.deadline_ms or None,
+            trace=trace,
+            via="kafka",
         )
         return _outcome(submitted)
 
@@ -207,6 +224,7 @@ async def handle_until_done(
     base_s: float = 0.2,
     cap_s: float = 30.0,
     max_defects: int = 3,
+    trace: TraceContext | None = None,
 ) -> Outcome:
     """``handler.handle`` until it succeeds: an outage is waited out, never skipped.
 
@@ -223,7 +241,7 @@ async def handle_until_done(
                 return await handler.reject(
                     key, value, f"internal error while handling the request: {last_defect}"
                 )
-            return await handler.handle(key, value)
+            return await handler.handle(key, value, trace)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -271,9 +289,15 @@ async def handle_batch_until_done(
                 log.exception("a batch of %d requests failed; one at a time now", len(messages))
                 return [
                     await handle_until_done(
-                        handler, key, value, base_s=base_s, cap_s=cap_s, max_defects=max_defects
+                        handler,
+                        message.key,
+                        message.value,
+                        base_s=base_s,
+                        cap_s=cap_s,
+                        max_defects=max_defects,
+                        trace=message.trace,
                     )
-                    for key, value in messages
+                    for message in messages
                 ]
             pause = backoff.next()
             log.warning(
@@ -351,7 +375,7 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
 def _message(event: EventT[bytes]) -> Message:
     key = event.key if isinstance(event.key, bytes) or event.key is None else None
     value = event.value if isinstance(event.value, bytes) else None
-    return key, value
+    return Message(key, value, headers_of(event.message.headers))
 
 
 __all__ = [

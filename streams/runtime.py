@@ -49,6 +49,7 @@ from store.records import Job, StepVerifier
 from store.retention import RetentionStore
 from store.runs import RunStore
 from store.tokens import TokenStore
+from streams import logs
 from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.fleet import FleetOverview
@@ -58,6 +59,7 @@ from streams.progress import ProgressRecorder
 from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
+from streams.tracing import Tracing
 from streams.watch import JobWatch
 from workflows.cache import DefinitionCache
 from workflows.checker import shared_checker
@@ -87,10 +89,17 @@ class Runtime(mode.Service):
         *,
         registry: HandlerRegistry | None = None,
         cache: DefinitionCache | None = None,
+        tracing: Tracing | None = None,
         **kwargs: Any,
     ) -> None:
+        """``tracing``: the spans' tracer (tests hand in their own provider's);
+        by default one built from the settings when ``WFJOBS_TRACING=on``."""
         super().__init__(**kwargs)
         self.settings = settings
+        # None when tracing is off: every span site tests this and does nothing more.
+        if tracing is None and settings.tracing_enabled:
+            tracing = Tracing.from_settings(settings.worker_id, settings.tracing_exporter)
+        self.tracing = tracing
         # Handler modules register into the engine's default registry unless a
         # test hands in its own.
         self.registry = registry if registry is not None else default_registry
@@ -181,7 +190,7 @@ class Runtime(mode.Service):
         )
         self.definitions = DefinitionStore(pool)
         self.tokens = TokenStore(pool)
-        self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
+        self.outbox = Outbox(pool, lease_s=settings.relay_lease_s, traced=self.tracing is not None)
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
         self.fleet = FleetOverview(FleetStore(pool), self.outbox)
@@ -225,6 +234,7 @@ class Runtime(mode.Service):
                 # when that statement is the group commit's.
                 hold_back_last_checkpoint=settings.group_commit,
                 progress=None if self.progress is None else self.progress.report,
+                tracing=self.tracing,
             )
         if "worker" in settings.roles:
             self.sweeper = Sweeper(
@@ -247,6 +257,7 @@ class Runtime(mode.Service):
                 self.outbox,
                 wake=self.listener.subscribe(OUTBOX_CHANNEL),
                 registry=self.schema_registry,
+                tracing=self.tracing,
             )
         # Children stop in the reverse of this order: the claim loops first,
         # the LISTEN connection last. The pool outlives them all (on_shutdown).
@@ -277,7 +288,20 @@ class Runtime(mode.Service):
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await self.pool.close()
+        if self.tracing is not None:
+            # Exports what the batch processor still holds: blocking, so in a thread.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.tracing.shutdown)
         log.info("runtime stopped")
+
+    def install_log_format(self, root: logging.Logger) -> None:
+        """Put ``WFJOBS_LOG_FORMAT`` on the handlers the worker's logging set up."""
+        logs.install(
+            root,
+            log_format=self.settings.log_format,
+            worker_id=self.settings.worker_id,
+            trace_ids=self.tracing.current_ids if self.tracing is not None else None,
+        )
 
     async def wait_ready(self) -> None:
         await self._ready.wait()

@@ -17,6 +17,7 @@ from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
 from store import pool
 from streams import kafka_security as client_security
+from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
 from workflows.rules import DEFAULT_RULE_CHARS, DEFAULT_RULE_NESTING, MAX_RULE_CHARS, RuleLimits
 from workflows.targets import TargetPolicy, TlsRule
@@ -269,6 +270,13 @@ class Settings:
     trust_request_principal: bool = field(
         default=False, metadata={"env": "WFJOBS_TRUST_REQUEST_PRINCIPAL"}
     )
+    # Traces (streams.tracing): "on" makes spans and needs the ``tracing`` extra;
+    # the exporter sends them over OTLP/HTTP (the SDK reads the OTEL_*
+    # variables), prints them, or only propagates their context.
+    tracing: str = field(default="off", metadata={"env": "WFJOBS_TRACING"})
+    tracing_exporter: str = field(default="otlp", metadata={"env": "WFJOBS_TRACING_EXPORTER"})
+    # Log lines (streams.logs): plain text for a terminal, or JSON lines.
+    log_format: str = field(default="text", metadata={"env": "WFJOBS_LOG_FORMAT"})
     # Where Faust keeps its local state; empty means Faust's default
     # ("<app id>-data" under the working directory). No tables live there.
     data_dir: str = field(default="", metadata={"env": "WFJOBS_DATA_DIR"})
@@ -280,6 +288,10 @@ class Settings:
     @property
     def auth_enabled(self) -> bool:
         return self.auth == "on"
+
+    @property
+    def tracing_enabled(self) -> bool:
+        return self.tracing == "on"
 
     @property
     def dlq_topic(self) -> str:
@@ -456,6 +468,24 @@ class Settings:
             raise SettingsError(f"WFJOBS_AUTH must be 'on' or 'off', got {self.auth!r}")
         if not self.request_principal.strip():
             raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
+        self._check_observability()
+
+    def _check_observability(self) -> None:
+        if self.tracing not in {"on", "off"}:
+            raise SettingsError(f"WFJOBS_TRACING must be 'on' or 'off', got {self.tracing!r}")
+        if self.tracing_exporter not in tracing.EXPORTERS:
+            raise SettingsError(
+                f"WFJOBS_TRACING_EXPORTER must be one of {', '.join(tracing.EXPORTERS)}, "
+                f"got {self.tracing_exporter!r}"
+            )
+        if self.tracing_enabled:
+            missing = tracing.missing_packages(self.tracing_exporter)
+            if missing:
+                raise SettingsError(f"WFJOBS_TRACING=on needs OpenTelemetry: {missing}")
+        if self.log_format not in {"text", "json"}:
+            raise SettingsError(
+                f"WFJOBS_LOG_FORMAT must be 'text' or 'json', got {self.log_format!r}"
+            )
 
     def target_policy(self) -> TargetPolicy:
         """``WFJOBS_STEP_TARGETS``, parsed."""

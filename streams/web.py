@@ -115,6 +115,7 @@ from streams.health import HealthReport
 from streams.http_errors import load_json
 from streams.jobs import Jobs
 from streams.openapi import register_openapi
+from streams.tracing import TRACEPARENT, TRACESTATE, TraceContext, incoming
 
 if TYPE_CHECKING:
     import faust
@@ -300,7 +301,10 @@ class HttpVerbs:
 
     # ------------------------------------------------------------------ jobs
 
-    async def submit(self, caller: Caller, body: bytes) -> Reply:
+    async def submit(
+        self, caller: Caller, body: bytes, *, trace: TraceContext | None = None
+    ) -> Reply:
+        """``trace``: the W3C context of the request's headers (malformed: None)."""
         request = cast(
             api_pb2.SubmitWorkflowRequest,
             await _parse(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
@@ -318,6 +322,7 @@ class HttpVerbs:
             owner=caller.principal,
             owner_only=not caller.fleet_wide,
             deadline_ms=request.deadline_ms or None,
+            trace=trace,
         )
         response = api_pb2.SubmitWorkflowResponse(
             job=job_message(submitted.job), created=submitted.created
@@ -813,7 +818,9 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
-                return await api.submit(caller, await read_body(request, api.max_body_bytes))
+                body = await read_body(request, api.max_body_bytes)
+                trace = incoming(request.headers.get(TRACEPARENT), request.headers.get(TRACESTATE))
+                return await api.submit(caller, body, trace=trace)
 
             return await _respond(self, call)
 

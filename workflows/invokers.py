@@ -31,7 +31,8 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -48,6 +49,9 @@ from workflows.targets import ALLOW_ALL, TargetPolicy, TlsRule, tls_for
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message, "StepContext"], Awaitable[Message | Mapping[str, Any]]]
+# Entered around one step call; yields extra metadata for a remote call (the
+# service's trace context, say). The engine knows nothing of what it records.
+StepObserver = Callable[[Step, "StepContext"], AbstractContextManager[Sequence[tuple[str, str]]]]
 H = TypeVar("H", bound=Handler)
 
 # Reports a step's progress: (step name, fraction from 0 to 1, message).
@@ -293,8 +297,13 @@ async def invoke(
     context: StepContext,
     registry: HandlerRegistry,
     channels: GrpcChannels,
+    *,
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> Message:
-    """Run one step: its in-process handler if registered, else its gRPC target."""
+    """Run one step: its in-process handler if registered, else its gRPC target.
+
+    ``metadata`` goes with a remote call, after the job's own keys.
+    """
     function = registry.get(step.method)
     if function is not None:
         return coerce_response(await function(request, context), step)
@@ -310,16 +319,15 @@ async def invoke(
         call = channels.unary(target, step.grpc_path, step.response_type)
     except TargetRefused as exc:
         raise StepFailure(FailureKind.NON_RETRYABLE, step.name, str(exc)) from None
-    metadata = (
+    sent = (
         ("x-job-id", context.job_id),
         ("x-step-name", context.step_name),
         ("x-attempt", str(context.attempt)),
         ("x-idempotency-key", context.idempotency_key),
+        *metadata,
     )
     try:
-        response: Message = await call(
-            request, timeout=max(context.deadline, 0.001), metadata=metadata
-        )
+        response: Message = await call(request, timeout=max(context.deadline, 0.001), metadata=sent)
     except grpc.RpcError as exc:
         # The transport's text stays in the log, for operators only.
         log.warning("step %r: call to %s failed: %s", step.name, target, exc)
@@ -363,6 +371,7 @@ __all__ = [
     "Handler",
     "HandlerRegistry",
     "StepContext",
+    "StepObserver",
     "TargetRefused",
     "coerce_response",
     "default_channels",

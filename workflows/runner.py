@@ -29,6 +29,7 @@ from workflows.invokers import (
     HandlerRegistry,
     ProgressSink,
     StepContext,
+    StepObserver,
     default_channels,
     invoke,
 )
@@ -77,8 +78,13 @@ async def run_segment(
     channels: GrpcChannels | None = None,
     clock: Callable[[], float] = time.monotonic,
     progress: ProgressSink | None = None,
+    observe_step: StepObserver | None = None,
 ) -> SegmentOutcome:
-    """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``."""
+    """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``.
+
+    ``observe_step`` is entered around each step call (a trace span, say);
+    what it yields is sent as metadata with a remote call.
+    """
     expires_at = clock() + workflow.deadline_ms / 1000.0
     scope = workflow.replay(input, checkpoints)
     pipes = channels if channels is not None else default_channels
@@ -109,7 +115,13 @@ async def run_segment(
         timer = asyncio.timeout(left)
         try:
             async with timer:
-                response = await invoke(step, request, context, registry, pipes)
+                if observe_step is None:
+                    response = await invoke(step, request, context, registry, pipes)
+                else:
+                    with observe_step(step, context) as metadata:
+                        response = await invoke(
+                            step, request, context, registry, pipes, metadata=metadata
+                        )
         except TimeoutError as exc:
             # Either our timer or the handler's own; only the former is the segment deadline.
             if timer.expired():

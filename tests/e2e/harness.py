@@ -243,14 +243,21 @@ class Stack:
         self._producer.produce(topic, value=value, key=key)
 
     def produce_request(
-        self, workflow_name: str, input: Mapping[str, Any], *, job_id: uuid.UUID | str | None = None
+        self,
+        workflow_name: str,
+        input: Mapping[str, Any],
+        *,
+        job_id: uuid.UUID | str | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> uuid.UUID:
         """A ``WorkflowRunRequest`` framed through the registry, keyed by its job id."""
         job = uuid.UUID(str(job_id)) if job_id is not None else uuid.uuid4()
         request = WorkflowRunRequest(job_id=str(job), workflow_name=workflow_name)
         request.input.update(dict(input))
         value = encode_request(request, registry=self.registry, topic=self.requests_topic)
-        self._producer.produce(self.requests_topic, value=value, key=str(job).encode())
+        self._producer.produce(
+            self.requests_topic, value=value, key=str(job).encode(), headers=headers
+        )
         return job
 
     def flush(self) -> None:
@@ -330,8 +337,9 @@ class EventReader:
             [TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in range(partitions)]
         )
         self.events: list[WorkflowRunEvent] = []
-        # The Kafka value of each event, as it was on the topic.
+        # The Kafka value of each event, as it was on the topic, and its headers.
         self.values: list[bytes] = []
+        self.headers: list[list[tuple[str, bytes]]] = []
 
     def poll(self, seconds: float = 0.5) -> None:
         deadline = time.monotonic() + seconds
@@ -350,6 +358,7 @@ class EventReader:
             value = message.value()
             self.events.append(self._decoder.decode(value, topic=self._topic))
             self.values.append(value)
+            self.headers.append(message.headers() or [])
 
     def for_job(self, job_id: uuid.UUID | str) -> list[WorkflowRunEvent]:
         return [event for event in self.events if event.job_id == str(job_id)]

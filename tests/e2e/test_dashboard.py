@@ -10,6 +10,7 @@ in the test artefacts directory.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -69,59 +70,66 @@ async def test_submit_watch_it_park_answer_the_review_and_see_it_complete(
         if message.type == "error":
             problems.append(message.text)
 
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    # From here on, nothing the page does may fail (the 401 above asked for the token).
-    page.on("console", note)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    await page.wait_for_selector("#status-tiles [data-status=QUEUED]", timeout=TIMEOUT_MS)
+    try:
+        await page.goto(url + "/dashboard/")
+        await _sign_in(page, stack.token)
+        # From here on, nothing the page does may fail (the 401 above asked for the token).
+        page.on("console", note)
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        await page.wait_for_selector("#status-tiles [data-status=QUEUED]", timeout=TIMEOUT_MS)
 
-    # Submit a job of the sample workflow from the jobs page.
-    await page.click("nav a[data-nav=jobs]")
-    await page.click("#submit-panel summary")
-    await page.wait_for_selector(f"#submit-workflow option[value='{SAMPLE}']", state="attached")
-    await page.select_option("#submit-workflow", SAMPLE)
-    await page.fill("#submit-input", '{"text": "review this in a browser"}')
-    # Marks this page load: a reload would lose it.
-    await page.evaluate("window.sameLoad = true")
-    await page.click("#submit-job")
+        # Submit a job of the sample workflow from the jobs page.
+        await page.click("nav a[data-nav=jobs]")
+        await page.click("#submit-panel summary")
+        await page.wait_for_selector(f"#submit-workflow option[value='{SAMPLE}']", state="attached")
+        await page.select_option("#submit-workflow", SAMPLE)
+        await page.fill("#submit-input", '{"text": "review this in a browser"}')
+        # Marks this page load: a reload would lose it.
+        await page.evaluate("window.sameLoad = true")
+        await page.click("#submit-job")
 
-    # The job page follows it live: it parks on the review step.
-    await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
-    await page.wait_for_selector("#timeline [data-event=TYPE_WAITING]", timeout=TIMEOUT_MS)
-    job_id = (await page.inner_text("#job-title .mono")).strip()
-    assert (await stack.job(job_id)).status == "WAITING"
+        # The job page follows it live: it parks on the review step.
+        await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
+        await page.wait_for_selector("#timeline [data-event=TYPE_WAITING]", timeout=TIMEOUT_MS)
+        job_id = (await page.inner_text("#job-title .mono")).strip()
+        assert (await stack.job(job_id)).status == "WAITING"
 
-    # Answer the review through the form built from ReviewDecision.
-    await page.wait_for_selector("#complete-form", timeout=TIMEOUT_MS)
-    await page.check("#complete-form [data-field=approved]")
-    await page.fill("#complete-form [data-field=note]", "looks right")
-    await page.click("#complete-submit")
+        # Answer the review through the form built from ReviewDecision.
+        await page.wait_for_selector("#complete-form", timeout=TIMEOUT_MS)
+        await page.check("#complete-form [data-field=approved]")
+        await page.fill("#complete-form [data-field=note]", "looks right")
+        await page.click("#complete-submit")
 
-    await page.wait_for_selector("#job-title [data-status=COMPLETED]", timeout=TIMEOUT_MS)
-    await page.wait_for_selector("#timeline [data-event=TYPE_COMPLETED]", timeout=TIMEOUT_MS)
-    await page.wait_for_selector("#job-result", timeout=TIMEOUT_MS)
-    assert await page.evaluate("window.sameLoad") is True, "the page was reloaded"
-    job = await stack.job(job_id)
-    assert job.status == "COMPLETED"
-    assert job.result is not None and job.result["approved"] is True
-    events = [
-        await item.get_attribute("data-event")
-        for item in await page.query_selector_all("#timeline [data-event]")
-    ]
-    assert events[0] == "TYPE_ACCEPTED" and events[-1] == "TYPE_COMPLETED"
-    assert events.count("TYPE_WAITING") == 1
-    # Let the last refresh land before the picture.
-    await asyncio.sleep(0.3)
-    await page.screenshot(path=str(artifacts / "dashboard-job.png"), full_page=True)
+        await page.wait_for_selector("#job-title [data-status=COMPLETED]", timeout=TIMEOUT_MS)
+        await page.wait_for_selector("#timeline [data-event=TYPE_COMPLETED]", timeout=TIMEOUT_MS)
+        await page.wait_for_selector("#job-result", timeout=TIMEOUT_MS)
+        assert await page.evaluate("window.sameLoad") is True, "the page was reloaded"
+        job = await stack.job(job_id)
+        assert job.status == "COMPLETED"
+        assert job.result is not None and job.result["approved"] is True
+        events = [
+            await item.get_attribute("data-event")
+            for item in await page.query_selector_all("#timeline [data-event]")
+        ]
+        assert events[0] == "TYPE_ACCEPTED" and events[-1] == "TYPE_COMPLETED"
+        assert events.count("TYPE_WAITING") == 1
+        # Let the last refresh land before the picture.
+        await asyncio.sleep(0.3)
+        await page.screenshot(path=str(artifacts / "dashboard-job.png"), full_page=True)
 
-    # The fleet at a glance counts it (its answer is cached for a few seconds).
-    await page.click("nav a[data-nav=fleet]")
-    await page.wait_for_function(
-        "document.querySelector('#status-tiles [data-status=COMPLETED] .n')?.textContent === '1'",
-        timeout=TIMEOUT_MS,
-    )
-    await page.wait_for_selector("#outbox-health", timeout=TIMEOUT_MS)
-    await page.wait_for_selector("#workers", timeout=TIMEOUT_MS)
-    await page.screenshot(path=str(artifacts / "dashboard-fleet.png"), full_page=True)
+        # The fleet at a glance counts it (its answer is cached for a few seconds).
+        await page.click("nav a[data-nav=fleet]")
+        completed = page.locator(
+            "#status-tiles [data-status=COMPLETED] .n", has_text=re.compile("^1$")
+        )
+        await completed.wait_for(timeout=TIMEOUT_MS)
+        await page.wait_for_selector("#outbox-health", timeout=TIMEOUT_MS)
+        await page.wait_for_selector("#workers", timeout=TIMEOUT_MS)
+        await page.screenshot(path=str(artifacts / "dashboard-fleet.png"), full_page=True)
+    except Exception as exc:
+        # What the page showed and what the worker said, for whoever reads the failure.
+        await page.screenshot(path=str(artifacts / "dashboard-failure.png"), full_page=True)
+        raise AssertionError(
+            f"{exc}\npage problems: {problems}\nworker log:\n{stack.worker_logs(80)}"
+        ) from exc
     assert problems == []

@@ -20,7 +20,7 @@ from schemas.serde import RequestDecoder
 from store.outbox import Outbox
 from store.records import Job
 from streams.jobs import Jobs
-from streams.request_agent import RequestHandler
+from streams.request_agent import Message, RequestHandler
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
 
@@ -85,7 +85,11 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
         )
         assert response.status == 201, await response.text()
         [outcome] = await _handler(runtime, letters).handle_batch(
-            [(str(from_topic).encode(), _request(from_topic, "web-review", "the same words"))]
+            [
+                Message(
+                    str(from_topic).encode(), _request(from_topic, "web-review", "the same words")
+                )
+            ]
         )
         assert outcome.kind == "submitted" and outcome.job_id == from_topic
 
@@ -109,6 +113,8 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
     assert (http_call.pop("record_refusals"), topic_call.pop("record_refusals")) == (False, True)
     # A fleet-wide token may answer with any owner's job; the topic always may.
     assert (http_call.pop("owner_only"), topic_call.pop("owner_only")) == (False, False)
+    # The way in is what a submit span records.
+    assert (http_call.pop("via"), topic_call.pop("via")) == ("http", "kafka")
     assert http_call.keys() == topic_call.keys() == {"requests"}
     [http_request], [topic_request] = http_call["requests"], topic_call["requests"]
     http_fields, topic_fields = dataclasses.asdict(http_request), dataclasses.asdict(topic_request)
@@ -121,6 +127,7 @@ async def test_http_and_the_requests_topic_submit_through_the_same_verb(
         "workflow_name": "web-review",
         "max_attempts": None,
         "deadline_ms": None,
+        "trace": None,
     }
 
 

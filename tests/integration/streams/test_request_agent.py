@@ -120,7 +120,7 @@ async def test_a_store_outage_is_waited_out_not_skipped(
 async def test_a_persistent_defect_dead_letters_the_message(
     handler: RequestHandler, letters: Letters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(key: bytes | None, value: bytes | None) -> Any:
+    async def broken(key: bytes | None, value: bytes | None, trace: Any = None) -> Any:
         raise TypeError("a bug, not an outage")
 
     monkeypatch.setattr(handler, "handle", broken)

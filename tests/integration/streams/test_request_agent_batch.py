@@ -53,14 +53,14 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
     assert (await handler.handle(None, request(earlier))).kind == "submitted"
     garbage = b"\xff\xfe not protobuf"
     messages: list[Message] = [
-        (b"k1", request(good)),
-        (b"k2", garbage),
-        (b"k3", request(unknown, name="missing")),
-        (b"k4", request(good, text="the same id again")),
-        (b"k5", request(earlier)),
-        (b"k6", request(bad_input, txt="typo")),
-        (b"k7", request("42")),
-        (b"k8", request(other)),
+        Message(b"k1", request(good)),
+        Message(b"k2", garbage),
+        Message(b"k3", request(unknown, name="missing")),
+        Message(b"k4", request(good, text="the same id again")),
+        Message(b"k5", request(earlier)),
+        Message(b"k6", request(bad_input, txt="typo")),
+        Message(b"k7", request("42")),
+        Message(b"k8", request(other)),
     ]
     outcomes = await handler.handle_batch(messages)
     assert [outcome.kind for outcome in outcomes] == [
@@ -118,9 +118,9 @@ async def test_a_crash_between_the_commit_and_the_offsets_replays_harmlessly(
     first = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=stalls, topic="t")
     good, refused = uuid.uuid4(), uuid.uuid4()
     messages: list[Message] = [
-        (None, request(good)),
-        (None, request(refused, name="missing")),
-        (b"dead", b"\xff"),
+        Message(None, request(good)),
+        Message(None, request(refused, name="missing")),
+        Message(b"dead", b"\xff"),
     ]
     crashed = asyncio.create_task(handle_batch_until_done(first, messages))
     await asyncio.wait_for(committed.wait(), timeout=10)
@@ -153,7 +153,7 @@ async def test_a_store_outage_holds_the_whole_batch_until_it_commits(
     monkeypatch.setattr(jobs_module, "submit_rows", flaky)
     ids = [uuid.uuid4() for _ in range(3)]
     outcomes = await handle_batch_until_done(
-        handler, [(None, request(job_id)) for job_id in ids], base_s=0.01, cap_s=0.05
+        handler, [Message(None, request(job_id)) for job_id in ids], base_s=0.01, cap_s=0.05
     )
     assert [outcome.kind for outcome in outcomes] == ["submitted"] * 3
     assert failures["left"] == 0
@@ -168,8 +168,8 @@ async def test_a_request_the_store_refuses_is_dead_lettered_alone(
     # Postgres stores no NUL in a JSON string: the batch's statement fails, and
     # the batch is handled again one request at a time.
     messages: list[Message] = [
-        (b"good", request(good)),
-        (b"nul", request(poisoned, text="nul \u0000 here")),
+        Message(b"good", request(good)),
+        Message(b"nul", request(poisoned, text="nul \u0000 here")),
     ]
     outcomes = await handle_batch_until_done(handler, messages, base_s=0.01, cap_s=0.02)
     assert [outcome.kind for outcome in outcomes] == ["submitted", "dead_lettered"]

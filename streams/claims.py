@@ -91,9 +91,10 @@ from store.records import ClaimedJob, Lease, SegmentProgress
 from store.runs import RunStore
 from streams.backoff import Backoff
 from streams.health import PartHealth
+from streams.metrics import ClaimTimings
 from workflows.failures import FailureKind, StepFailure
 from workflows.invokers import GrpcChannels, HandlerRegistry
-from workflows.runner import Completed, Parked, SegmentOutcome, run_segment
+from workflows.runner import Completed, Parked, SegmentOutcome, StepObserver, run_segment
 from workflows.steps import CompiledWorkflow, Step
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,7 @@ class ClaimLoops(mode.Service):
         grace_s: float = 10.0,
         hold_back_last_checkpoint: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        timings: ClaimTimings | None = None,
         **kwargs: Any,
     ) -> None:
         """``settle_bound_s``: longest a job may stay held once its segment ended
@@ -205,7 +207,8 @@ class ClaimLoops(mode.Service):
         ``grace_s``: how long running segments may finish when the loops stop;
         ``hold_back_last_checkpoint``: write the last step's checkpoint with the
         completion (see the module docstring);
-        ``clock``: the monotonic clock of every bound here."""
+        ``clock``: the monotonic clock of every bound here;
+        ``timings``: the histograms to observe (``None``, metrics off: nothing is timed)."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
         if heartbeat_s <= 0 or settle_bound_s <= 0 or claim_failure_bound_s <= 0:
@@ -250,6 +253,7 @@ class ClaimLoops(mode.Service):
         self._last_claim_wall: datetime | None = None
         self._claim_failures = 0
         self._failing_since: float | None = None
+        self._timings = timings
         self.stats = ClaimStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -339,6 +343,8 @@ class ClaimLoops(mode.Service):
             self._last_claim_wall = datetime.now(UTC)
             self.stats.claims += 1
             self.stats.claimed += len(claimed)
+            if self._timings is not None:
+                _observe_claims(self._timings, claimed)
             for job in claimed:
                 self._idle -= 1
                 self._queue.put_nowait(job)
@@ -425,11 +431,15 @@ class ClaimLoops(mode.Service):
         holding.segment = segment
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
+        begun = self._clock()
         try:
             try:
                 outcome = await segment
             finally:
-                holding.end(self._clock())
+                ended = self._clock()
+                holding.end(ended)
+                if self._timings is not None:
+                    self._timings.segment_duration.labels(job.workflow_name).observe(ended - begun)
                 await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -539,6 +549,14 @@ class ClaimLoops(mode.Service):
                     f"checkpoint failed: {type(exc).__name__}: {exc}",
                 ) from exc
 
+        on_step: StepObserver | None = None
+        if self._timings is not None:
+            steps = self._timings.step_duration
+            workflow_name = claimed.job.workflow_name
+
+            def on_step(name: str, seconds: float, answered: bool) -> None:
+                steps.labels(workflow_name, name, "ok" if answered else "error").observe(seconds)
+
         async with self._slot(step):
             holding.progressed(self._clock())
             return await run_segment(
@@ -550,6 +568,7 @@ class ClaimLoops(mode.Service):
                 on_checkpoint=on_checkpoint,
                 registry=self._registry,
                 channels=self._channels,
+                on_step=on_step,
             )
 
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
@@ -908,6 +927,15 @@ class ClaimLoops(mode.Service):
             self.stats.cancelled += 1
             log.info("job %s CANCELLED (attempt %d)", lease.job_id, lease.attempt)
         return settled
+
+
+def _observe_claims(timings: ClaimTimings, claimed: list[ClaimedJob]) -> None:
+    """Each job's wait from claimable to claimed, both instants on the database clock."""
+    for item in claimed:
+        job = item.job
+        if job.claimed_at is not None:
+            waited = (job.claimed_at - job.run_after).total_seconds()
+            timings.claim_latency.labels(job.workflow_name).observe(max(waited, 0.0))
 
 
 def _stall_failure(holding: _Holding) -> StepFailure:

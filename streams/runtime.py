@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -39,6 +39,7 @@ from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
+from store.fleet_counts import FleetCountsStore
 from store.migrate import migrate
 from store.outbox import Outbox
 from store.pool import Pool, create_pool
@@ -48,8 +49,17 @@ from store.runs import RunStore
 from store.tokens import TokenStore
 from streams.admission import Admission
 from streams.claims import ClaimLoops
+from streams.fleet_metrics import FleetGauges
 from streams.health import HealthReport, HealthSource, PartHealth, report
 from streams.listener import Listener
+from streams.loop_lag import LoopLagProbe
+from streams.metrics import (
+    Metrics,
+    claim_families,
+    counter,
+    relay_families,
+    sweeper_families,
+)
 from streams.retention import RetentionLoop
 from streams.settings import Settings
 from streams.sweeper import Sweeper
@@ -66,6 +76,7 @@ from workflows.steps import CompiledWorkflow
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
+    from prometheus_client.metrics_core import Metric
 
     from streams.relay import OutboxRelay
 
@@ -115,6 +126,9 @@ class Runtime(mode.Service):
         self.retention: RetentionLoop | None = None
         self.relay: OutboxRelay | None = None
         self.admission = Admission(settings.max_queued_jobs)
+        # None with WFJOBS_METRICS=off: no instrument exists, nothing is observed.
+        self.metrics = Metrics() if settings.metrics_enabled else None
+        self.add_metrics_reading(self._loop_families)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
         # Parts outside the runtime (the request agent, the broker connection)
@@ -134,6 +148,9 @@ class Runtime(mode.Service):
 
     async def on_start(self) -> None:
         settings = self.settings
+        if self.metrics is not None:
+            # First child, so it stops last: the loop's lag is watched to the end.
+            await self.add_runtime_dependency(LoopLagProbe(self.metrics.loop_lag.set))
         if "api" in settings.roles and not settings.auth_enabled:
             log.warning(
                 "!!! WFJOBS_AUTH=off: the HTTP verbs take no token and every caller may do "
@@ -175,6 +192,10 @@ class Runtime(mode.Service):
         self.outbox = Outbox(pool, lease_s=settings.relay_lease_s)
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
+        metrics = self.metrics
+        if metrics is not None:
+            fleet = FleetGauges(FleetCountsStore(pool).read, cache_s=settings.metrics_db_cache_s)
+            metrics.add_collector(fleet, fleet.refresh)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         if "relay" in settings.roles:
@@ -201,6 +222,7 @@ class Runtime(mode.Service):
                 # One statement for the last checkpoint and COMPLETED only pays
                 # when that statement is the group commit's.
                 hold_back_last_checkpoint=settings.group_commit,
+                timings=metrics.claims if metrics is not None else None,
             )
         if "worker" in settings.roles:
             self.sweeper = Sweeper(
@@ -223,6 +245,7 @@ class Runtime(mode.Service):
                 self.outbox,
                 wake=self.listener.subscribe(OUTBOX_CHANNEL),
                 registry=self.schema_registry,
+                timings=metrics.relay if metrics is not None else None,
             )
         # Children stop in the reverse of this order: the claim loops first,
         # the LISTEN connection last. The pool outlives them all (on_shutdown).
@@ -255,6 +278,29 @@ class Runtime(mode.Service):
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    # ------------------------------------------------------------------ metrics
+
+    def add_metrics_reading(self, read: Callable[[], Iterable[Metric]]) -> None:
+        """Export what ``read`` builds at every scrape; nothing when metrics are off."""
+        if self.metrics is not None:
+            self.metrics.add_reading(read)
+
+    def _loop_families(self) -> Iterator[Metric]:
+        """The counters the loops running here keep in memory, read as a scrape asks."""
+        yield counter("wfjobs_admission_rejections_total", self.admission.rejections)
+        if self.claims is not None:
+            yield from claim_families(self.claims.stats)
+        if self.sweeper is not None:
+            yield from sweeper_families(self.sweeper)
+        if self.relay is not None:
+            yield from relay_families(self.relay.stats)
+
+    async def metrics_exposition(self) -> bytes:
+        """``/metrics``: the text format; ``NotFound`` with metrics off."""
+        if self.metrics is None:
+            raise NotFound("metrics are off here (WFJOBS_METRICS=off)")
+        return await self.metrics.exposition()
 
     @functools.cached_property
     def schema_registry(self) -> SchemaRegistryClient | None:

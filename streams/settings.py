@@ -261,6 +261,11 @@ class Settings:
     trust_request_principal: bool = field(
         default=False, metadata={"env": "WFJOBS_TRUST_REQUEST_PRINCIPAL"}
     )
+    # /metrics (streams.metrics): "on" unless explicitly "off", which builds no
+    # instrument at all. The database-derived figures are read at most once
+    # per this many seconds per process, however often it is scraped.
+    metrics: str = field(default="on", metadata={"env": "WFJOBS_METRICS"})
+    metrics_db_cache_s: float = field(default=10.0, metadata={"env": "WFJOBS_METRICS_DB_CACHE_S"})
     # Where Faust keeps its local state; empty means Faust's default
     # ("<app id>-data" under the working directory). No tables live there.
     data_dir: str = field(default="", metadata={"env": "WFJOBS_DATA_DIR"})
@@ -272,6 +277,10 @@ class Settings:
     @property
     def auth_enabled(self) -> bool:
         return self.auth == "on"
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics == "on"
 
     @property
     def dlq_topic(self) -> str:
@@ -395,6 +404,7 @@ class Settings:
             "broker_retry_max_s",
             "retention_interval_s",
             "retention_batch",
+            "metrics_db_cache_s",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:
@@ -443,6 +453,8 @@ class Settings:
             raise SettingsError("WFJOBS_HEARTBEAT_S must be >= 0 and below WFJOBS_LEASE_S")
         if self.auth not in {"on", "off"}:
             raise SettingsError(f"WFJOBS_AUTH must be 'on' or 'off', got {self.auth!r}")
+        if self.metrics not in {"on", "off"}:
+            raise SettingsError(f"WFJOBS_METRICS must be 'on' or 'off', got {self.metrics!r}")
         if not self.request_principal.strip():
             raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
 

@@ -28,6 +28,9 @@ from workflows.invokers import GrpcChannels, HandlerRegistry, StepContext, defau
 from workflows.steps import CompiledWorkflow
 
 CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
+# Told of every step invocation once it ends: the step's name, the seconds it
+# took, and whether it answered (False: it raised, timed out or was cancelled).
+StepObserver = Callable[[str, float, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ async def run_segment(
     registry: HandlerRegistry,
     channels: GrpcChannels | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_step: StepObserver | None = None,
 ) -> SegmentOutcome:
     """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``."""
     expires_at = clock() + workflow.deadline_ms / 1000.0
@@ -80,7 +84,8 @@ async def run_segment(
         if step.external:
             built = step.request_codec.encode(step.build_request(scope))
             return Parked(step.name, built, step.timeout_ms)
-        left = expires_at - clock()
+        started = clock()
+        left = expires_at - started
         if left <= 0:
             raise StepFailure(
                 FailureKind.RETRYABLE,
@@ -98,9 +103,11 @@ async def run_segment(
             clock=clock,
         )
         timer = asyncio.timeout(left)
+        answered = False
         try:
             async with timer:
                 response = await invoke(step, request, context, registry, pipes)
+            answered = True
         except TimeoutError as exc:
             # Either our timer or the handler's own; only the former is the segment deadline.
             if timer.expired():
@@ -115,6 +122,9 @@ async def run_segment(
             raise
         except Exception as exc:
             raise classify(exc, step.name) from exc
+        finally:
+            if on_step is not None:
+                on_step(step.name, clock() - started, answered)
 
         response_json = step.response_codec.encode(response)
         scope.bind(step.name, response_json)
@@ -184,6 +194,7 @@ __all__ = [
     "Completed",
     "Parked",
     "SegmentOutcome",
+    "StepObserver",
     "SynchronousRunRefused",
     "run_segment",
     "run_workflow",

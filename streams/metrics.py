@@ -192,6 +192,22 @@ SWEEP_ACTIONS = (
 )
 
 
+# The series a family's samples add to its name in the text format.
+_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum", "_created")
+
+
+def exported_family(sample: str) -> str:
+    """The catalogue name a sample name of the exposition belongs to."""
+    if sample in SPECS:
+        return sample
+    for suffix in _SAMPLE_SUFFIXES:
+        base = sample.removesuffix(suffix)
+        if base != sample:
+            # A counter's _created sample hangs off its name without _total.
+            return base if base in SPECS else f"{base}_total"
+    return sample
+
+
 def _histogram(registry: CollectorRegistry, name: str, buckets: tuple[float, ...]) -> Histogram:
     spec = SPECS[name]
     return Histogram(name, spec.help, labelnames=spec.labels, buckets=buckets, registry=registry)
@@ -334,6 +350,7 @@ __all__ = [
     "RelayTimings",
     "claim_families",
     "counter",
+    "exported_family",
     "gauge",
     "labelled",
     "relay_families",

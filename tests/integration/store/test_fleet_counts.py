@@ -44,7 +44,7 @@ async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore)
             "UPDATE workflow_run SET run_after = now() + interval '1 hour' WHERE job_id = %s",
             (backed_off,),
         )
-    oldest = [job_id for job_id in queued if job_id not in {c.job_id for c in claimed}][0]
+    oldest = next(job_id for job_id in queued if job_id not in {c.job_id for c in claimed})
     await age_rows(pool, 120, oldest)
     async with pool.connection() as conn:
         await conn.execute(BACKDATE_OUTBOX_SQL)
@@ -54,7 +54,7 @@ async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore)
 
     async with pool.connection() as conn:
         cursor = await conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status")
-        expected = dict.fromkeys(STATUSES, 0) | {s: n for s, n in await cursor.fetchall()}
+        expected = dict.fromkeys(STATUSES, 0) | dict(await cursor.fetchall())
         cursor = await conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
             " count(*) FILTER (WHERE status = 'FAILED') FROM workflow_run_events_outbox"

@@ -25,6 +25,11 @@ class FakeClock:
         return self.now
 
 
+def _block_the_loop(seconds: float) -> None:
+    # What the probe exists to see: a callback that holds the loop.
+    time.sleep(seconds)
+
+
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -85,7 +90,7 @@ async def test_the_probe_reports_how_long_the_loop_was_held() -> None:
 
     async def hold_the_loop() -> None:
         await asyncio.sleep(0.01)
-        time.sleep(0.25)  # a callback that blocks the loop
+        _block_the_loop(0.25)
 
     held, _ = await asyncio.gather(probe.probe_once(), hold_the_loop())
     assert held >= 0.18
@@ -104,7 +109,7 @@ async def test_the_probe_runs_as_a_service_and_sets_the_gauge() -> None:
     await probe.start()
     try:
         await asyncio.sleep(0.01)
-        time.sleep(0.1)
+        _block_the_loop(0.1)
         await asyncio.sleep(0.05)
     finally:
         await probe.stop()

@@ -13,6 +13,10 @@ the app with it, and the worker process exits non-zero.
 
 A process without ``DATABASE_URL`` still runs: the verbs answer UNAVAILABLE
 and no loop starts.
+
+With ``WFJOBS_METRICS`` on, the runtime also owns the process's metrics
+(``streams.metrics``): their registry, the event-loop probe (its first child,
+so it stops last) and the database read behind the fleet's figures.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
-.PHONY: install lint typecheck check-generated test test-fast dev bench bench-tracing bench-peers bench-backlog bench-scaleout kafka clean
+.PHONY: install lint typecheck check-generated test test-fast dev bench bench-tracing bench-peers bench-backlog bench-scaleout bench-metrics kafka clean
 
 # pip only installs uv; its pip-compatible installer does the rest.
 $(STAMP): pyproject.toml
@@ -72,6 +72,10 @@ bench-backlog: $(STAMP)
 # Drain jobs/s with 1, 2 and 4 worker processes, and against claim loops per process.
 bench-scaleout: $(STAMP)
 	$(BIN)/python -m benchmarks.scaleout
+
+# Drain jobs/s and worker CPU per job with WFJOBS_METRICS on and off, alternating rounds.
+bench-metrics: $(STAMP)
+	$(BIN)/python -m benchmarks.metrics
 
 # A single Apache Kafka 4.x broker (KRaft) on a free 127.0.0.1 port, until Ctrl-C.
 kafka: $(STAMP)

@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,13 +123,24 @@ async def fill(target: Target, jobs: int) -> None:
         await api.stop()
 
 
-def drain(target: Target, processes: int, jobs: int, timeout_s: float) -> ScaleResult:
+def drain(
+    target: Target,
+    processes: int,
+    jobs: int,
+    timeout_s: float,
+    *,
+    command: Sequence[str] = ("benchmarks.scaleout",),
+    env: Mapping[str, str] | None = None,
+) -> ScaleResult:
+    """``command``: the module (and extra arguments) each worker process runs, taking
+    ``--child``, ``--dsn`` and ``--concurrency`` and printing its CPU line as
+    ``worker_main`` does; ``env``: the children's environment (default: ours)."""
     children = [
         subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "benchmarks.scaleout",
+                *command,
                 "--child",
                 str(index),
                 "--dsn",
@@ -140,6 +151,7 @@ def drain(target: Target, processes: int, jobs: int, timeout_s: float) -> ScaleR
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=None if env is None else dict(env),
         )
         for index in range(processes)
     ]

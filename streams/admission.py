@@ -43,6 +43,8 @@ class Admission:
         self._clock = clock
         self._depth = 0
         self._read_at: float | None = None
+        # Creations refused so far (exported as wfjobs_admission_rejections_total).
+        self.rejections = 0
 
     @property
     def enabled(self) -> bool:
@@ -57,6 +59,7 @@ class Admission:
             self._depth = await runs.count_queued(limit=self.cap)
             self._read_at = now
         if self._depth >= self.cap:
+            self.rejections += 1
             raise ResourceExhausted(
                 f"{self.cap} or more jobs are QUEUED, the most this deployment accepts "
                 "(WFJOBS_MAX_QUEUED_JOBS); retry later"

@@ -93,10 +93,11 @@ from store.runs import RunStore
 from streams import logs
 from streams.backoff import Backoff
 from streams.health import PartHealth
+from streams.metrics import ClaimTimings
 from streams.tracing import Tracing, now_ns
 from workflows.failures import FailureKind, StepFailure
 from workflows.invokers import GrpcChannels, HandlerRegistry
-from workflows.runner import Completed, Parked, SegmentOutcome, run_segment
+from workflows.runner import Completed, Parked, SegmentOutcome, StepTimer, run_segment
 from workflows.steps import CompiledWorkflow, Step
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class ClaimLoops(mode.Service):
         progress: ProgressReporter | None = None,
         clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
+        timings: ClaimTimings | None = None,
         **kwargs: Any,
     ) -> None:
         """``settle_bound_s``: longest a job may stay held once its segment ended
@@ -214,7 +216,8 @@ class ClaimLoops(mode.Service):
         completion (see the module docstring); ``progress``: where the steps'
         progress reports go (``streams.progress``), with the claim that runs them;
         ``clock``: the monotonic clock of every bound here;
-        ``tracing``: spans of every claim, segment and step (None: none)."""
+        ``tracing``: spans of every claim, segment and step (None: none);
+        ``timings``: the histograms to observe (``None``, metrics off: nothing is timed)."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
         if heartbeat_s <= 0 or settle_bound_s <= 0 or claim_failure_bound_s <= 0:
@@ -261,6 +264,7 @@ class ClaimLoops(mode.Service):
         self._last_claim_wall: datetime | None = None
         self._claim_failures = 0
         self._failing_since: float | None = None
+        self._timings = timings
         self.stats = ClaimStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -355,6 +359,8 @@ class ClaimLoops(mode.Service):
                 ended_ns = now_ns()
                 for job in claimed:
                     self._tracing.claimed(job, started_ns, ended_ns)
+            if self._timings is not None:
+                _observe_claims(self._timings, claimed)
             for job in claimed:
                 self._idle -= 1
                 self._queue.put_nowait(job)
@@ -453,11 +459,15 @@ class ClaimLoops(mode.Service):
         holding.segment = segment
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
+        begun = self._clock()
         try:
             try:
                 outcome = await segment
             finally:
-                holding.end(self._clock())
+                ended = self._clock()
+                holding.end(ended)
+                if self._timings is not None:
+                    self._timings.segment_duration.labels(job.workflow_name).observe(ended - begun)
                 await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -567,6 +577,14 @@ class ClaimLoops(mode.Service):
                     f"checkpoint failed: {type(exc).__name__}: {exc}",
                 ) from exc
 
+        on_step: StepTimer | None = None
+        if self._timings is not None:
+            steps = self._timings.step_duration
+            workflow_name = claimed.job.workflow_name
+
+            def on_step(name: str, seconds: float, answered: bool) -> None:
+                steps.labels(workflow_name, name, "ok" if answered else "error").observe(seconds)
+
         async with self._slot(step):
             holding.progressed(self._clock())
             return await run_segment(
@@ -580,6 +598,7 @@ class ClaimLoops(mode.Service):
                 channels=self._channels,
                 progress=None if self._progress is None else partial(self._progress, lease),
                 observe_step=self._tracing.step if self._tracing is not None else None,
+                on_step=on_step,
             )
 
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
@@ -943,6 +962,15 @@ class ClaimLoops(mode.Service):
             self.stats.cancelled += 1
             log.info("job %s CANCELLED (attempt %d)", lease.job_id, lease.attempt)
         return settled
+
+
+def _observe_claims(timings: ClaimTimings, claimed: list[ClaimedJob]) -> None:
+    """Each job's wait from claimable to claimed, both instants on the database clock."""
+    for item in claimed:
+        job = item.job
+        if job.claimed_at is not None:
+            waited = (job.claimed_at - job.run_after).total_seconds()
+            timings.claim_latency.labels(job.workflow_name).observe(max(waited, 0.0))
 
 
 def _stall_failure(holding: _Holding) -> StepFailure:

@@ -368,8 +368,11 @@ _HEALTH: Mapping[str, Any] = {
 }
 
 
-def openapi_document() -> dict[str, Any]:
-    """The document: every route the ``api`` role serves, its inputs and its answers."""
+def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
+    """The document: every route the ``api`` role serves, its inputs and its answers.
+
+    ``metrics``: whether ``/metrics`` is served (``WFJOBS_METRICS``).
+    """
     schemas = _Schemas()
     error_body = schemas.ref(api_pb2.ErrorBody.DESCRIPTOR)
 
@@ -665,6 +668,19 @@ def openapi_document() -> dict[str, Any]:
             ),
         },
     }
+    if metrics:
+        paths["/metrics"] = {
+            "get": _operation(
+                "metrics",
+                "Prometheus metrics of this process and of the fleet (text format 0.0.4)",
+                {
+                    "200": {
+                        "description": "the metrics",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            ),
+        }
     responses = {
         f"E{status}": _answer(error_body, description)
         for status, description in _ERROR_DESCRIPTIONS.items()
@@ -690,9 +706,9 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
-def register_openapi(app: faust.App) -> None:
+def register_openapi(app: faust.App, *, metrics: bool = True) -> None:
     """Serve the document at ``OPENAPI_PATH`` (no token needed: it holds no data)."""
-    document = openapi_document()
+    document = openapi_document(metrics=metrics)
 
     @app.page(OPENAPI_PATH)
     class OpenApi(View):

@@ -59,6 +59,7 @@ from faust.types import AppT
 from streams.backoff import Backoff
 from streams.health import PartHealth
 from streams.kafka_security import bootstrap_servers, kafka_security
+from streams.metrics import request_lag_families
 
 if TYPE_CHECKING:
     import faust
@@ -530,6 +531,9 @@ def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> Ownership
     watchdog.add_dependency(reader)
     app.add_dependency(watchdog)
     runtime.register_health(watchdog.health)
+    runtime.add_metrics_reading(
+        lambda: request_lag_families(watchdog.last.lag if watchdog.last is not None else None)
+    )
     return watchdog
 
 

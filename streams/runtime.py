@@ -13,6 +13,10 @@ the app with it, and the worker process exits non-zero.
 
 A process without ``DATABASE_URL`` still runs: the verbs answer UNAVAILABLE
 and no loop starts.
+
+With ``WFJOBS_METRICS`` on, the runtime also owns the process's metrics
+(``streams.metrics``): their registry, the event-loop probe (its first child,
+so it stops last) and the database read behind the fleet's figures.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -40,6 +44,7 @@ from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
 from store.fleet import FleetStore
+from store.fleet_counts import FleetCountsStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
 from store.outbox import Outbox
@@ -53,8 +58,17 @@ from streams import logs
 from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.fleet import FleetOverview
+from streams.fleet_metrics import FleetGauges
 from streams.health import HealthReport, HealthSource, PartHealth, report
 from streams.listener import Listener
+from streams.loop_lag import LoopLagProbe
+from streams.metrics import (
+    Metrics,
+    claim_families,
+    counter,
+    relay_families,
+    sweeper_families,
+)
 from streams.progress import ProgressRecorder
 from streams.retention import RetentionLoop
 from streams.settings import Settings
@@ -74,6 +88,7 @@ from workflows.steps import CompiledWorkflow
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
+    from prometheus_client.metrics_core import Metric
 
     from streams.relay import OutboxRelay
 
@@ -133,6 +148,9 @@ class Runtime(mode.Service):
         self.watch: JobWatch | None = None
         self.fleet: FleetOverview | None = None
         self.admission = Admission(settings.max_queued_jobs)
+        # None with WFJOBS_METRICS=off: no instrument exists, nothing is observed.
+        self.metrics = Metrics() if settings.metrics_enabled else None
+        self.add_metrics_reading(self._loop_families)
         self._ready = asyncio.Event()
         self._handlers_loaded = False
         # Parts outside the runtime (the request agent, the broker connection)
@@ -152,6 +170,9 @@ class Runtime(mode.Service):
 
     async def on_start(self) -> None:
         settings = self.settings
+        if self.metrics is not None:
+            # First child, so it stops last: the loop's lag is watched to the end.
+            await self.add_runtime_dependency(LoopLagProbe(self.metrics.loop_lag.set))
         if "api" in settings.roles and not settings.auth_enabled:
             log.warning(
                 "!!! WFJOBS_AUTH=off: the HTTP verbs take no token and every caller may do "
@@ -194,6 +215,10 @@ class Runtime(mode.Service):
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
         self.fleet = FleetOverview(FleetStore(pool), self.outbox)
+        metrics = self.metrics
+        if metrics is not None:
+            fleet = FleetGauges(FleetCountsStore(pool).read, cache_s=settings.metrics_db_cache_s)
+            metrics.add_collector(fleet, fleet.refresh)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         # The relay drains the outbox when it notifies; watchers read it.
@@ -235,6 +260,7 @@ class Runtime(mode.Service):
                 hold_back_last_checkpoint=settings.group_commit,
                 progress=None if self.progress is None else self.progress.report,
                 tracing=self.tracing,
+                timings=metrics.claims if metrics is not None else None,
             )
         if "worker" in settings.roles:
             self.sweeper = Sweeper(
@@ -258,6 +284,7 @@ class Runtime(mode.Service):
                 wake=self.listener.subscribe(OUTBOX_CHANNEL),
                 registry=self.schema_registry,
                 tracing=self.tracing,
+                timings=metrics.relay if metrics is not None else None,
             )
         # Children stop in the reverse of this order: the claim loops first,
         # the LISTEN connection last. The pool outlives them all (on_shutdown).
@@ -305,6 +332,29 @@ class Runtime(mode.Service):
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    # ------------------------------------------------------------------ metrics
+
+    def add_metrics_reading(self, read: Callable[[], Iterable[Metric]]) -> None:
+        """Export what ``read`` builds at every scrape; nothing when metrics are off."""
+        if self.metrics is not None:
+            self.metrics.add_reading(read)
+
+    def _loop_families(self) -> Iterator[Metric]:
+        """The counters the loops running here keep in memory, read as a scrape asks."""
+        yield counter("wfjobs_admission_rejections_total", self.admission.rejections)
+        if self.claims is not None:
+            yield from claim_families(self.claims.stats)
+        if self.sweeper is not None:
+            yield from sweeper_families(self.sweeper)
+        if self.relay is not None:
+            yield from relay_families(self.relay.stats)
+
+    async def metrics_exposition(self) -> bytes:
+        """``/metrics``: the text format; ``NotFound`` with metrics off."""
+        if self.metrics is None:
+            raise NotFound("metrics are off here (WFJOBS_METRICS=off)")
+        return await self.metrics.exposition()
 
     @functools.cached_property
     def schema_registry(self) -> SchemaRegistryClient | None:

@@ -277,6 +277,11 @@ class Settings:
     tracing_exporter: str = field(default="otlp", metadata={"env": "WFJOBS_TRACING_EXPORTER"})
     # Log lines (streams.logs): plain text for a terminal, or JSON lines.
     log_format: str = field(default="text", metadata={"env": "WFJOBS_LOG_FORMAT"})
+    # /metrics (streams.metrics): "on" unless explicitly "off", which builds no
+    # instrument at all. The database-derived figures are read at most once
+    # per this many seconds per process, however often it is scraped.
+    metrics: str = field(default="on", metadata={"env": "WFJOBS_METRICS"})
+    metrics_db_cache_s: float = field(default=10.0, metadata={"env": "WFJOBS_METRICS_DB_CACHE_S"})
     # Where Faust keeps its local state; empty means Faust's default
     # ("<app id>-data" under the working directory). No tables live there.
     data_dir: str = field(default="", metadata={"env": "WFJOBS_DATA_DIR"})
@@ -292,6 +297,10 @@ class Settings:
     @property
     def tracing_enabled(self) -> bool:
         return self.tracing == "on"
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics == "on"
 
     @property
     def dlq_topic(self) -> str:
@@ -418,6 +427,7 @@ class Settings:
             "watch_poll_s",
             "watch_max",
             "progress_interval_s",
+            "metrics_db_cache_s",
         )
         for attribute in positive:
             if getattr(self, attribute) <= 0:
@@ -466,6 +476,8 @@ class Settings:
             raise SettingsError("WFJOBS_HEARTBEAT_S must be >= 0 and below WFJOBS_LEASE_S")
         if self.auth not in {"on", "off"}:
             raise SettingsError(f"WFJOBS_AUTH must be 'on' or 'off', got {self.auth!r}")
+        if self.metrics not in {"on", "off"}:
+            raise SettingsError(f"WFJOBS_METRICS must be 'on' or 'off', got {self.metrics!r}")
         if not self.request_principal.strip():
             raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
         self._check_observability()

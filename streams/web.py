@@ -44,11 +44,14 @@ GET      /healthz                                            liveness: 503 when 
                                                              stuck (``streams.health``)
 GET      /readyz                                             readiness: 503 while a part is
                                                              not serving yet
+GET      /metrics                                            Prometheus text format
+                                                             (``streams.metrics``); absent
+                                                             with WFJOBS_METRICS=off
 GET      /v1/openapi.json                                    the OpenAPI document of these
                                                              routes (``streams.openapi``)
 =======  ==================================================  ==========================
 
-Every route but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer
+Every route but ``/healthz``, ``/readyz`` and ``/metrics`` needs ``Authorization: Bearer
 <token>`` carrying the verb's scope, and reaches only the caller's own jobs
 unless the token is fleet-wide (``streams.auth``): submit and resume need ``submit``;
 get and list, of jobs and of stored workflows, ``read``; complete-step
@@ -100,7 +103,7 @@ from google.protobuf.message import Message
 from schemas.contract import api_pb2, check_incoming, from_json, parse_job_id, to_json
 from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
 from store.errors import outages_as_unavailable
-from streams import auth, http_errors
+from streams import auth, http_errors, metrics
 from streams.auth import Authenticator, Caller
 from streams.convert import (
     job_message,
@@ -681,6 +684,14 @@ class HttpVerbs:
         health = await self._runtime.health_report()
         return Reply(200 if health.ready else 503, self._health_body(health))
 
+    @property
+    def metrics_enabled(self) -> bool:
+        return self._runtime.metrics is not None
+
+    async def metrics(self) -> bytes:
+        """The Prometheus text format of this process's metrics (``streams.metrics``)."""
+        return await self._runtime.metrics_exposition()
+
     def _health_body(self, health: HealthReport) -> dict[str, Any]:
         settings = self._runtime.settings
         return health.body(worker_id=settings.worker_id, roles=sorted(settings.roles))
@@ -797,10 +808,20 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, api.readiness)
 
+    if api.metrics_enabled:
+        # Served like /healthz, without a token: Prometheus scrapers carry none,
+        # and the page holds aggregate figures only, never a job id or a payload.
+        @app.page("/metrics")
+        class MetricsPage(View):
+            async def get(self, request: Request, **_: Any) -> Response:
+                return self.bytes(
+                    await api.metrics(), headers={"Content-Type": metrics.CONTENT_TYPE}
+                )
+
     http_errors.install(app, HTTP_STATUS)
     if not verbs:
         return
-    register_openapi(app)
+    register_openapi(app, metrics=api.metrics_enabled)
     register_dashboard(app)
 
     async def end_watches(_: aiohttp_web.Application) -> None:

@@ -36,6 +36,9 @@ from workflows.invokers import (
 from workflows.steps import CompiledWorkflow
 
 CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
+# Told of every step invocation once it ends: the step's name, the seconds it
+# took, and whether it answered (False: it raised, timed out or was cancelled).
+StepTimer = Callable[[str, float, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,7 @@ async def run_segment(
     clock: Callable[[], float] = time.monotonic,
     progress: ProgressSink | None = None,
     observe_step: StepObserver | None = None,
+    on_step: StepTimer | None = None,
 ) -> SegmentOutcome:
     """Run ``workflow`` from its first missing checkpoint within ``deadlineMs``.
 
@@ -94,7 +98,8 @@ async def run_segment(
         if step.external:
             built = step.request_codec.encode(step.build_request(scope))
             return Parked(step.name, built, step.timeout_ms)
-        left = expires_at - clock()
+        started = clock()
+        left = expires_at - started
         if left <= 0:
             raise StepFailure(
                 FailureKind.RETRYABLE,
@@ -113,6 +118,7 @@ async def run_segment(
             progress_sink=progress,
         )
         timer = asyncio.timeout(left)
+        answered = False
         try:
             async with timer:
                 if observe_step is None:
@@ -122,6 +128,7 @@ async def run_segment(
                         response = await invoke(
                             step, request, context, registry, pipes, metadata=metadata
                         )
+            answered = True
         except TimeoutError as exc:
             # Either our timer or the handler's own; only the former is the segment deadline.
             if timer.expired():
@@ -136,6 +143,9 @@ async def run_segment(
             raise
         except Exception as exc:
             raise classify(exc, step.name) from exc
+        finally:
+            if on_step is not None:
+                on_step(step.name, clock() - started, answered)
 
         response_json = step.response_codec.encode(response)
         scope.bind(step.name, response_json)
@@ -205,6 +215,7 @@ __all__ = [
     "Completed",
     "Parked",
     "SegmentOutcome",
+    "StepTimer",
     "SynchronousRunRefused",
     "run_segment",
     "run_workflow",

@@ -2,7 +2,8 @@
 
 Named in ``WFJOBS_HANDLERS`` after ``tests.e2e.handlers``. On import it wraps
 one pass of the loop named by ``WFJOBS_E2E_BROKEN_LOOP`` (``sweeper``,
-``claims`` for the claim watchdog, ``relay``); from the moment the file named
+``claims`` for the claim watchdog, ``relay``, ``loop_lag`` for the metrics'
+event-loop probe); from the moment the file named
 by ``WFJOBS_E2E_BREAK_FILE`` exists, that pass raises ``InjectedDefect``, an
 error no loop expects. Until then the process runs as usual, so the test first
 sees it healthy.
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.claims import ClaimLoops
+from streams.loop_lag import LoopLagProbe
 from streams.relay import OutboxRelay
 from streams.sweeper import Sweeper
 
@@ -38,6 +40,7 @@ def _break(loop: str) -> None:
         "sweeper": (Sweeper, "sweep_once"),
         "claims": (ClaimLoops, "watch_once"),
         "relay": (OutboxRelay, "relay_once"),
+        "loop_lag": (LoopLagProbe, "probe_once"),
     }[loop]
     original = getattr(owner, method)
 

@@ -17,7 +17,7 @@ from tests.e2e.harness import HANDLERS_MODULE, Stack, wait_until
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("loop", ["sweeper", "claims", "relay"])
+@pytest.mark.parametrize("loop", ["sweeper", "claims", "relay", "loop_lag"])
 async def test_a_loop_that_raises_stops_its_process_with_the_error_logged(
     stack: Stack, loop: str
 ) -> None:

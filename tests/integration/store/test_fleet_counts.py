@@ -1,0 +1,68 @@
+"""The fleet's figures for /metrics, read in one statement from a real database."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.fleet_counts import FleetCountsStore
+from store.pool import Pool
+from store.runs import RunStore
+from store.states import STATUSES
+from tests.integration.store.helpers import age_rows, submit, submit_many
+
+pytestmark = pytest.mark.asyncio
+
+BACKDATE_OUTBOX_SQL = """
+UPDATE workflow_run_events_outbox SET created_at = created_at - interval '90 seconds'
+ WHERE id = (SELECT min(id) FROM workflow_run_events_outbox WHERE status = 'PENDING')
+"""
+FAIL_OUTBOX_ROWS_SQL = """
+UPDATE workflow_run_events_outbox SET status = 'FAILED'
+ WHERE id IN (SELECT id FROM workflow_run_events_outbox ORDER BY id DESC LIMIT 2)
+"""
+
+
+async def test_an_empty_database_reads_zero_everywhere(pool: Pool) -> None:
+    counts = await FleetCountsStore(pool).read()
+    assert dict(counts.jobs_by_status) == dict.fromkeys(STATUSES, 0)
+    assert counts.oldest_queued_age_s == 0.0
+    assert counts.outbox_pending == 0
+    assert counts.oldest_pending_age_s == 0.0
+    assert counts.outbox_failed == 0
+
+
+async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore) -> None:
+    queued = await submit_many(store, 5)
+    claimed = await store.claim_batch("w1", 2)
+    assert len(claimed) == 2
+    await store.fail(claimed[0].lease, error="boom")
+    # A job waiting for its backoff is QUEUED but not claimable: it must not
+    # count towards the oldest claimable age.
+    backed_off = (await submit(store, name="later")).job.job_id
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET run_after = now() + interval '1 hour' WHERE job_id = %s",
+            (backed_off,),
+        )
+    oldest = next(job_id for job_id in queued if job_id not in {c.job_id for c in claimed})
+    await age_rows(pool, 120, oldest)
+    async with pool.connection() as conn:
+        await conn.execute(BACKDATE_OUTBOX_SQL)
+        await conn.execute(FAIL_OUTBOX_ROWS_SQL)
+
+    counts = await FleetCountsStore(pool).read()
+
+    async with pool.connection() as conn:
+        cursor = await conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status")
+        expected = dict.fromkeys(STATUSES, 0) | dict(await cursor.fetchall())
+        cursor = await conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
+            " count(*) FILTER (WHERE status = 'FAILED') FROM workflow_run_events_outbox"
+        )
+        pending, failed = await cursor.fetchone() or (0, 0)
+    assert dict(counts.jobs_by_status) == expected
+    assert expected["QUEUED"] == 4 and expected["RUNNING"] == 1 and expected["FAILED"] == 1
+    assert 120 <= counts.oldest_queued_age_s < 180
+    assert (counts.outbox_pending, counts.outbox_failed) == (pending, failed)
+    assert failed == 2
+    assert 90 <= counts.oldest_pending_age_s < 150

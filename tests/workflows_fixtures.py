@@ -292,6 +292,10 @@ class TestGrpcServer:
             attempt = int(meta.get("x-attempt", "1"))
             self.calls.record(method, meta.get("x-idempotency-key", ""), attempt)
             if delay_ms:
+                # A slow remote step says how far it has got in its headers.
+                await context.send_initial_metadata(
+                    (("wfjobs-progress", "0.5"), ("wfjobs-progress-message", "halfway"))
+                )
                 await asyncio.sleep(delay_ms / 1000)
             fault = active_fault(fail, attempt)
             if fault:

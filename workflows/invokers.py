@@ -59,6 +59,9 @@ ProgressSink = Callable[[str, float, str], None]
 
 # Longer progress messages are cut: progress is a status line, not a log.
 MAX_PROGRESS_MESSAGE_CHARS = 500
+# The initial metadata a remote step may send to report its progress.
+PROGRESS_HEADER = "wfjobs-progress"
+PROGRESS_MESSAGE_HEADER = "wfjobs-progress-message"
 
 _METHOD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*/[A-Za-z_][A-Za-z0-9_]*")
 
@@ -326,13 +329,46 @@ async def invoke(
         ("x-idempotency-key", context.idempotency_key),
         *metadata,
     )
+    rpc = call(request, timeout=max(context.deadline, 0.001), metadata=sent)
+    reporting = (
+        asyncio.ensure_future(_remote_progress(rpc, context))
+        if context.progress_sink is not None
+        else None
+    )
     try:
-        response: Message = await call(request, timeout=max(context.deadline, 0.001), metadata=sent)
+        response: Message = await rpc
     except grpc.RpcError as exc:
         # The transport's text stays in the log, for operators only.
         log.warning("step %r: call to %s failed: %s", step.name, target, exc)
         raise transport_failure(exc, step.name, target) from None
+    finally:
+        if reporting is not None:
+            reporting.cancel()
     return response
+
+
+async def _remote_progress(rpc: Any, context: StepContext) -> None:
+    """The progress a remote step sends in its initial metadata, reported as its own.
+
+    A unary call has one moment to speak before its answer: its headers. A
+    service that takes long can send them early (``send_initial_metadata``)
+    with ``wfjobs-progress`` (a fraction from 0 to 1) and, optionally,
+    ``wfjobs-progress-message``. A value that is not a fraction is ignored:
+    a remote service's headers must not fail its step.
+    """
+    try:
+        headers = await rpc.initial_metadata()
+    except (grpc.RpcError, asyncio.CancelledError):
+        return
+    values = {str(key): value for key, value in headers or ()}
+    raw = values.get(PROGRESS_HEADER)
+    if raw is None:
+        return
+    message = values.get(PROGRESS_MESSAGE_HEADER, "")
+    try:
+        context.progress(float(raw), message if isinstance(message, str) else "")
+    except ValueError:
+        log.debug("step %r: ignored progress header %r", context.step_name, raw)
 
 
 def coerce_response(value: Any, step: Step) -> Message:

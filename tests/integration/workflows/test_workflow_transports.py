@@ -63,6 +63,7 @@ class Transport:
         *,
         attempt: int = 1,
         job_id: str = "job-t",
+        **hooks: Any,
     ) -> tuple[Any, list[dict[str, Any]]]:
         workflow = compile_definition(definition)
         entries: list[dict[str, Any]] = []
@@ -79,6 +80,7 @@ class Transport:
             on_checkpoint=observe,
             registry=self.registry,
             channels=self.channels,
+            **hooks,
         )
         return outcome, entries
 
@@ -272,3 +274,47 @@ async def test_a_registered_handler_wins_over_the_target(grpc_server: TestGrpcSe
     assert result["reviewer"] == "auto"
     assert calls[TOKENIZE] == 1
     assert sum(grpc_server.calls.counts.values()) == 0
+
+
+async def test_a_slow_step_reports_its_progress_over_either_transport(transport: Transport) -> None:
+    reports: list[tuple[str, float, str]] = []
+    outcome, _ = await transport.run(
+        transport.envelope(review=None),
+        {"text": TEXT, "delay_ms": 200},
+        progress=lambda step, fraction, message: reports.append((step, fraction, message)),
+    )
+    assert isinstance(outcome, Completed)
+    if transport.name == "python":
+        # The handler calls ctx.progress after each quarter.
+        assert reports == [("tokenize", q / 4, f"{q} of 4") for q in range(1, 5)]
+    else:
+        # A remote step has its initial metadata to say it in, once.
+        assert reports == [("tokenize", 0.5, "halfway")]
+
+
+async def test_a_remote_step_call_carries_its_span_in_the_traceparent_header(
+    grpc_server: TestGrpcServer, channels: GrpcChannels
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streams.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    grpc_server.metadata.clear()
+    remote = Transport("grpc", grpc_server.target, HandlerRegistry(), CallLog(), channels)
+    grpc_server.calls = remote.calls
+    outcome, _ = await remote.run(
+        remote.envelope(review=None),
+        {"text": TEXT},
+        observe_step=Tracing(provider, worker_id="w").step,
+    )
+    assert isinstance(outcome, Completed)
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    for meta, name in zip(grpc_server.metadata, ("step tokenize", "step embed"), strict=True):
+        context = spans[name].get_span_context()
+        _, trace_id, span_id, _ = meta["traceparent"].split("-")
+        assert (int(trace_id, 16), int(span_id, 16)) == (context.trace_id, context.span_id)

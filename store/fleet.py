@@ -1,23 +1,31 @@
-"""The fleet at a glance: jobs by status, the backlog's age, recent throughput, workers.
+"""The fleet in numbers: jobs by status, the backlog's age, the outbox, the workers.
 
-What an operator's first screen shows, in two statements. Counting by status
-reads every job row (an index-only scan when the visibility map allows), so
-callers cache the answer for a few seconds rather than count per request.
+What ``/metrics`` exports and the dashboard's first page shows, in one
+statement (and one more for the workers holding jobs). Each part rides an
+index: the status count the ``(status, created_at, job_id)`` index (or, for
+one owner, the owner's), the oldest claimable job the claim's partial index in
+claim order, PENDING and FAILED outbox rows their partial indexes. The status
+count still visits every row the table holds (terminal jobs until retention
+deletes them), which is why callers cache the answer rather than ask per
+request. Ages are on the database's clock, like everything else that compares
+times.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from store.pool import Pool
-from store.states import STATUSES
+from store.states import STATUSES, Status
 
-# One pass over the jobs (an owner's, or everyone's): how many are in each
-# status, and how many of those reached it in the last five minutes; plus the
-# oldest claimable QUEUED job, from the claim index.
-FLEET_COUNTS_SQL = """
+# Jobs per status, and how many of them reached it in the last five minutes
+# (their throughput); the claimable QUEUED job that has waited longest (the
+# claim's own condition: run_after passed, attempts left); the outbox, which
+# belongs to no owner, only when no owner is asked for.
+FLEET_SQL = f"""
 WITH counted AS (
     SELECT status,
            count(*) AS jobs,
@@ -26,15 +34,26 @@ WITH counted AS (
      WHERE %(owner)s::text IS NULL OR owner = %(owner)s
      GROUP BY status
 )
-SELECT coalesce((SELECT array_agg(status ORDER BY status) FROM counted), '{}'),
-       coalesce((SELECT array_agg(jobs ORDER BY status) FROM counted), '{}'),
-       coalesce((SELECT array_agg(recent ORDER BY status) FROM counted), '{}'),
-       extract(epoch FROM now() - (
-           SELECT run_after FROM workflow_run
-            WHERE status = 'QUEUED' AND run_after <= now()
-              AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-            ORDER BY run_after, created_at LIMIT 1)),
-       now()
+SELECT
+    coalesce((SELECT jsonb_object_agg(status, jobs) FROM counted), '{{}}'::jsonb),
+    coalesce((SELECT jsonb_object_agg(status, recent) FROM counted), '{{}}'::jsonb),
+    (SELECT extract(epoch FROM now() - run_after)
+       FROM workflow_run
+      WHERE status = '{Status.QUEUED.value}' AND run_after <= now() AND attempt < max_attempts
+        AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      ORDER BY run_after, created_at
+      LIMIT 1),
+    CASE WHEN %(owner)s::text IS NULL THEN
+        (SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING') END,
+    CASE WHEN %(owner)s::text IS NULL THEN
+        (SELECT extract(epoch FROM now() - created_at)
+           FROM workflow_run_events_outbox
+          WHERE status = 'PENDING'
+          ORDER BY id
+          LIMIT 1) END,
+    CASE WHEN %(owner)s::text IS NULL THEN
+        (SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'FAILED') END,
+    now()
 """
 
 # The workers holding jobs now, from the sweeper's index of RUNNING rows.
@@ -47,6 +66,27 @@ SELECT lease_owner, count(*), min(lease_until), max(lease_until)
 """
 
 
+def _ages(value: Any) -> float | None:
+    return None if value is None else max(float(value), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    # Every status, zero included, so a drained status reads 0 rather than vanishing.
+    jobs_by_status: Mapping[str, int] = field(default_factory=dict)
+    # Jobs that reached each status in the last five minutes.
+    recent_by_status: Mapping[str, int] = field(default_factory=dict)
+    # Seconds the longest-waiting claimable QUEUED job has waited; None when none waits.
+    oldest_queued_age_s: float | None = None
+    # The outbox: counted only when every owner's jobs were (it belongs to no owner).
+    outbox_pending: int = 0
+    # Seconds since the oldest PENDING outbox row was written; None when none is.
+    oldest_pending_age_s: float | None = None
+    # Dead letters: rows the relay gave up on.
+    outbox_failed: int = 0
+    as_of: datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerLeases:
     worker: str
@@ -56,43 +96,37 @@ class WorkerLeases:
     last_lease_until: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class FleetCounts:
-    # Every status, zero included.
-    by_status: dict[str, int]
-    # Jobs that reached each status in the last five minutes.
-    recent_by_status: dict[str, int]
-    # Seconds since the oldest claimable QUEUED job could have run; None with none.
-    oldest_queued_age_s: float | None
-    as_of: datetime
-
-
 class FleetStore:
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, *, timeout_s: float = 2.0) -> None:
+        """``timeout_s``: longest wait for a pooled connection; a scrape must not hang."""
         self._pool = pool
+        self._timeout_s = timeout_s
 
-    async def counts(self, *, owner: str | None) -> FleetCounts:
-        """Jobs by status: ``owner``'s, or everyone's when ``None``."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(FLEET_COUNTS_SQL, {"owner": owner})
-            row: Any = await cursor.fetchone()
+    async def read(self, owner: str | None = None) -> FleetCounts:
+        """The figures of ``owner``'s jobs, or of every job (and the outbox) for ``None``."""
+        async with self._pool.connection(timeout=self._timeout_s) as conn:
+            cursor = await conn.execute(FLEET_SQL, {"owner": owner})
+            row = await cursor.fetchone()
         assert row is not None  # a SELECT without FROM always answers one row
-        statuses, jobs, recent, oldest, as_of = row
-        by_status = dict.fromkeys(STATUSES, 0) | dict(zip(statuses, map(int, jobs), strict=True))
-        recent_by_status = dict.fromkeys(STATUSES, 0) | dict(
-            zip(statuses, map(int, recent), strict=True)
-        )
+        by_status, recent, queued_age, pending, pending_age, failed, as_of = row
         return FleetCounts(
-            by_status=by_status,
-            recent_by_status=recent_by_status,
-            oldest_queued_age_s=None if oldest is None else max(float(oldest), 0.0),
+            jobs_by_status=dict.fromkeys(STATUSES, 0) | _counts(by_status),
+            recent_by_status=dict.fromkeys(STATUSES, 0) | _counts(recent),
+            oldest_queued_age_s=_ages(queued_age),
+            outbox_pending=int(pending or 0),
+            oldest_pending_age_s=_ages(pending_age),
+            outbox_failed=int(failed or 0),
             as_of=as_of,
         )
 
     async def workers(self) -> list[WorkerLeases]:
-        async with self._pool.connection() as conn:
+        async with self._pool.connection(timeout=self._timeout_s) as conn:
             rows = await (await conn.execute(FLEET_WORKERS_SQL)).fetchall()
         return [WorkerLeases(str(w), int(n), first, last) for w, n, first, last in rows]
 
 
-__all__ = ["FleetCounts", "FleetStore", "WorkerLeases"]
+def _counts(by_status: Mapping[str, Any]) -> dict[str, int]:
+    return {str(status): int(jobs) for status, jobs in by_status.items()}
+
+
+__all__ = ["FLEET_SQL", "FleetCounts", "FleetStore", "WorkerLeases"]

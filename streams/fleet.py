@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from store.fleet import FleetStore
-from store.outbox import Outbox
 
 # Owners whose answers are kept at once; past it the oldest entry goes.
 _CACHED_OWNERS = 1024
@@ -24,43 +23,41 @@ class FleetOverview:
     def __init__(
         self,
         fleet: FleetStore,
-        outbox: Outbox,
         *,
         ttl_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
-        self._outbox = outbox
         self._ttl_s = ttl_s
         self._clock = clock
-        self._cached: dict[tuple[str | None, bool], tuple[float, dict[str, Any]]] = {}
+        self._cached: dict[str | None, tuple[float, dict[str, Any]]] = {}
 
-    async def overview(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
-        key = (owner, fleet_wide)
+    async def overview(self, *, owner: str | None) -> dict[str, Any]:
+        """``owner``'s jobs, or (``None``, a fleet-wide caller) every job, the outbox and
+        the workers."""
         now = self._clock()
-        cached = self._cached.get(key)
+        cached = self._cached.get(owner)
         if cached is not None and now - cached[0] < self._ttl_s:
             return cached[1]
-        answer = await self._read(owner=owner, fleet_wide=fleet_wide)
+        answer = await self._read(owner)
         if len(self._cached) >= _CACHED_OWNERS:
             self._cached.pop(next(iter(self._cached)))
-        self._cached[key] = (now, answer)
+        self._cached[owner] = (now, answer)
         return answer
 
-    async def _read(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
-        counts = await self._fleet.counts(owner=owner)
+    async def _read(self, owner: str | None) -> dict[str, Any]:
+        counts = await self._fleet.read(owner)
         answer: dict[str, Any] = {
-            "as_of": counts.as_of.isoformat(),
-            "jobs_by_status": counts.by_status,
-            "jobs_by_status_last_5m": counts.recent_by_status,
+            "as_of": counts.as_of.isoformat() if counts.as_of else None,
+            "jobs_by_status": dict(counts.jobs_by_status),
+            "jobs_by_status_last_5m": dict(counts.recent_by_status),
             "oldest_queued_age_s": counts.oldest_queued_age_s,
         }
-        if fleet_wide:
-            backlog = await self._outbox.backlog()
+        if owner is None:
             answer["outbox"] = {
-                "pending": await self._outbox.pending_count(),
-                "oldest_pending_age_s": backlog.oldest_pending_age_s,
-                "failed": backlog.failed_rows,
+                "pending": counts.outbox_pending,
+                "oldest_pending_age_s": counts.oldest_pending_age_s,
+                "failed": counts.outbox_failed,
             }
             answer["workers"] = [
                 {

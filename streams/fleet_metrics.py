@@ -1,6 +1,6 @@
 """The fleet's figures on ``/metrics``: read from the database at scrape time, cached.
 
-A scrape reads ``store.fleet_counts`` only when the last reading is older than
+A scrape reads ``store.fleet`` only when the last reading is older than
 ``WFJOBS_METRICS_DB_CACHE_S``; scrapes in between (several Prometheus servers,
 a dashboard's refresh) are answered from that reading, and scrapes that arrive
 while a read is under way wait for it rather than starting their own. So the
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from store.fleet_counts import FleetCounts
+from store.fleet import FleetCounts
 from streams.metrics import counter, gauge, labelled
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ class FleetGauges(Collector):
         if counts is None:
             return
         yield labelled("wfjobs_jobs", dict(counts.jobs_by_status))
-        yield gauge("wfjobs_queued_oldest_age_seconds", counts.oldest_queued_age_s)
+        # 0 when nothing waits: an absent series would read as "no data".
+        yield gauge("wfjobs_queued_oldest_age_seconds", counts.oldest_queued_age_s or 0.0)
         yield gauge("wfjobs_outbox_pending_events", counts.outbox_pending)
-        yield gauge("wfjobs_outbox_pending_oldest_age_seconds", counts.oldest_pending_age_s)
+        yield gauge("wfjobs_outbox_pending_oldest_age_seconds", counts.oldest_pending_age_s or 0.0)
         yield gauge("wfjobs_outbox_failed_events", counts.outbox_failed)
 
 

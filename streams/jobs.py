@@ -504,10 +504,11 @@ class Jobs:
             "parked_here": job.status == Status.WAITING and job.outstanding_step == step.name,
         }
 
-    async def fleet(self, *, owner: str | None, fleet_wide: bool) -> dict[str, Any]:
-        """Jobs by status, the backlog's age and, for a fleet-wide caller, workers and outbox."""
+    async def fleet(self, *, owner: str | None) -> dict[str, Any]:
+        """Jobs by status, the backlog's age and, for a fleet-wide caller (``owner``
+        None), the workers and the outbox."""
         with outages_as_unavailable():
-            return await self._runtime.require_fleet().overview(owner=owner, fleet_wide=fleet_wide)
+            return await self._runtime.require_fleet().overview(owner=owner)
 
     # ------------------------------------------------------------------ cancel
 

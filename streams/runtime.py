@@ -44,7 +44,6 @@ from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
 from store.fleet import FleetStore
-from store.fleet_counts import FleetCountsStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
 from store.outbox import Outbox
@@ -214,10 +213,11 @@ class Runtime(mode.Service):
         self.outbox = Outbox(pool, lease_s=settings.relay_lease_s, traced=self.tracing is not None)
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
-        self.fleet = FleetOverview(FleetStore(pool), self.outbox)
+        fleet_store = FleetStore(pool)
+        self.fleet = FleetOverview(fleet_store)
         metrics = self.metrics
         if metrics is not None:
-            fleet = FleetGauges(FleetCountsStore(pool).read, cache_s=settings.metrics_db_cache_s)
+            fleet = FleetGauges(fleet_store.read, cache_s=settings.metrics_db_cache_s)
             metrics.add_collector(fleet, fleet.refresh)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []

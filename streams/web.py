@@ -374,7 +374,7 @@ class HttpVerbs:
 
     async def fleet(self, caller: Caller, query: Mapping[str, str]) -> Reply:
         _only_parameters(query, (), "fleet")
-        overview = await self.jobs.fleet(owner=caller.visible_owner, fleet_wide=caller.fleet_wide)
+        overview = await self.jobs.fleet(owner=caller.visible_owner)
         return Reply(200, overview)
 
     async def explain_job(self, caller: Caller, job_id: str) -> Reply:

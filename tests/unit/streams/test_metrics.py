@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.errors import NotFound
-from store.fleet_counts import FleetCounts
+from store.fleet import FleetCounts
 from streams.fleet_metrics import FleetGauges
 from streams.loop_lag import LoopLagProbe
 from streams.metrics import CATALOGUE, Metrics

@@ -1,10 +1,10 @@
-"""The fleet's figures for /metrics, read in one statement from a real database."""
+"""The fleet's figures for /metrics and the dashboard, in one statement, on a real database."""
 
 from __future__ import annotations
 
 import pytest
 
-from store.fleet_counts import FleetCountsStore
+from store.fleet import FleetStore
 from store.pool import Pool
 from store.runs import RunStore
 from store.states import STATUSES
@@ -23,11 +23,11 @@ UPDATE workflow_run_events_outbox SET status = 'FAILED'
 
 
 async def test_an_empty_database_reads_zero_everywhere(pool: Pool) -> None:
-    counts = await FleetCountsStore(pool).read()
+    counts = await FleetStore(pool).read()
     assert dict(counts.jobs_by_status) == dict.fromkeys(STATUSES, 0)
-    assert counts.oldest_queued_age_s == 0.0
+    assert counts.oldest_queued_age_s is None
     assert counts.outbox_pending == 0
-    assert counts.oldest_pending_age_s == 0.0
+    assert counts.oldest_pending_age_s is None
     assert counts.outbox_failed == 0
 
 
@@ -50,7 +50,7 @@ async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore)
         await conn.execute(BACKDATE_OUTBOX_SQL)
         await conn.execute(FAIL_OUTBOX_ROWS_SQL)
 
-    counts = await FleetCountsStore(pool).read()
+    counts = await FleetStore(pool).read()
 
     async with pool.connection() as conn:
         cursor = await conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status")
@@ -62,7 +62,11 @@ async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore)
         pending, failed = await cursor.fetchone() or (0, 0)
     assert dict(counts.jobs_by_status) == expected
     assert expected["QUEUED"] == 4 and expected["RUNNING"] == 1 and expected["FAILED"] == 1
-    assert 120 <= counts.oldest_queued_age_s < 180
+    assert counts.oldest_queued_age_s is not None and 120 <= counts.oldest_queued_age_s < 180
     assert (counts.outbox_pending, counts.outbox_failed) == (pending, failed)
     assert failed == 2
-    assert 90 <= counts.oldest_pending_age_s < 150
+    assert counts.oldest_pending_age_s is not None and 90 <= counts.oldest_pending_age_s < 150
+    # One owner's figures: its own jobs, and no outbox (it belongs to no owner).
+    own = await FleetStore(pool).read("nobody")
+    assert set(own.jobs_by_status.values()) == {0} and own.oldest_queued_age_s is None
+    assert (own.outbox_pending, own.outbox_failed, own.oldest_pending_age_s) == (0, 0, None)

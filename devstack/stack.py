@@ -468,6 +468,7 @@ def next_steps(stack: DevStack) -> str:
     return f"""[bold green]workflow-jobs dev stack is up[/]
 
   API        {stack.url}
+  dashboard  {stack.url}/dashboard/ (paste the token below when it asks)
   Postgres   {escape(stack.database_url)}
   Kafka      {stack.bootstrap_servers} (Tansu, in memory: events are lost at stop)
   data       {data}
@@ -485,6 +486,7 @@ def next_steps(stack: DevStack) -> str:
   wfjobs get JOB_ID              [dim]# WAITING on step review[/]
   wfjobs complete JOB_ID review --response '{review}'
   wfjobs get JOB_ID              [dim]# COMPLETED, with its verdict[/]
+  wfjobs watch JOB_ID            [dim]# its timeline; exits 0: it COMPLETED[/]
   wfjobs events --from-beginning [dim]# every commit point of this run, from Kafka[/]
 
 Ctrl-C stops the worker, Tansu and Postgres; {kept}."""

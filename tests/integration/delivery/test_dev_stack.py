@@ -123,11 +123,12 @@ def run_the_readme_walkthrough(capsys: pytest.CaptureFixture[str]) -> None:
         "get",
         "complete",
         "get",
+        "watch",
         "events",
         "produce",
         "list",
     ]
-    submit, listing, get_waiting, complete, get_done, events, produce, waiting = commands
+    submit, listing, get_waiting, complete, get_done, watch, events, produce, waiting = commands
 
     out = wfjobs(capsys, submit)
     match = JOB_ID.search(out)
@@ -152,6 +153,9 @@ def run_the_readme_walkthrough(capsys: pytest.CaptureFixture[str]) -> None:
     assert done["result"]["approved"] is True and done["result"]["dimensions"] == 8
     out = wfjobs(capsys, typed(get_done))
     assert "COMPLETED" in out and done["verdict"] in out
+    # Its whole timeline at once, from the outbox, and the end it came to.
+    out = wfjobs(capsys, typed(watch))
+    assert out.count("STEP_CHECKPOINT") == 3 and "job ended COMPLETED" in out
     # "A second complete for the same step answers ALREADY_DONE."
     assert "ALREADY_DONE" in wfjobs(capsys, typed(complete))
 

@@ -153,9 +153,10 @@ class JobWatch(mode.Service):
         """The stream's bytes: events after ``after``, progress, keep-alives, then ``end``.
 
         ``connected`` is asked before every read: a client that went away
-        frees its place at once, not at the next write that would fail.
+        frees its place at once, not at the next write that would fail. The
+        limit was checked (``admit``) before the response started: refusing
+        here could only cut a stream already begun.
         """
-        self.admit()
         self.watchers += 1
         try:
             async for frame in self._frames(job_id, after, connected):

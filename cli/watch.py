@@ -10,6 +10,7 @@ in order. The exit status says how the job ended: 0 COMPLETED, 3 FAILED,
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -137,8 +138,9 @@ def cmd_watch(args: argparse.Namespace, out: Output) -> int:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
                 raise
-        except (OSError, TimeoutError):
-            # Cut mid-stream: pick up after the last event shown.
+        except (OSError, TimeoutError, http.client.HTTPException):
+            # Cut mid-stream (a reset, or a chunked body that stops short when
+            # its server dies): pick up after the last event shown.
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
                 raise CliError(

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.processes import free_port
 from tests.e2e.harness import Stack
 from tests.workflows_fixtures import envelope
 
@@ -96,3 +97,51 @@ async def test_watch_prints_every_event_once_in_order_and_exits_with_the_end_sta
     done = await _watch(stack, url, missing)
     assert done.returncode == 1
     assert "NOT_FOUND" in done.stderr and missing in done.stderr
+
+
+async def test_a_watch_cut_by_a_dying_worker_resumes_on_the_next_and_misses_nothing(
+    stack: Stack,
+) -> None:
+    port = free_port()
+    first = await stack.start_worker("watch-a", WFJOBS_WEB_PORT=str(port))
+    await stack.put_workflow(first, envelope(name=FLOW))
+    job_id = await _submit(first.url, stack, {"text": "outlive a worker"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    env = {**os.environ, "WFJOBS_TOKEN": stack.token, "WFJOBS_URL": first.url}
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "cli.main",
+        "watch",
+        "--json",
+        job_id,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert watch.stdout is not None
+        seen = [json.loads(await watch.stdout.readline()) for _ in range(4)]
+        assert seen[-1]["data"]["type"] == "TYPE_WAITING"
+        # The stream is cut without a goodbye; the next worker answers on the same port.
+        first.kill()
+        second = await stack.start_worker(
+            "watch-b", WFJOBS_WEB_PORT=str(port), WFJOBS_GROUP=f"{stack.group}-b"
+        )
+        async with httpx.AsyncClient(base_url=second.url, headers=stack.headers) as http:
+            answer = await http.post(
+                f"/v1/workflow-runs/{job_id}/steps/review:complete",
+                json={"response": {"approved": True, "note": "after the crash"}},
+            )
+        assert answer.status_code == 200, answer.text
+        out, err = await asyncio.wait_for(watch.communicate(), timeout=60)
+    finally:
+        if watch.returncode is None:
+            watch.kill()
+            await watch.wait()
+    rest, errors = out.decode(), err.decode()
+    assert watch.returncode == 0, errors
+    lines = seen + [json.loads(line) for line in rest.splitlines()]
+    ids = [line["id"] for line in lines if line["event"] == "message"]
+    assert ids == await _outbox_ids(stack, job_id)
+    assert lines[-1]["data"] == {"status": "COMPLETED"}

@@ -20,8 +20,14 @@ APPLICATION_NAME = "workflow-jobs listen"
 
 
 @contextlib.asynccontextmanager
-async def listen(dsn: str, channels: Sequence[str]) -> AsyncIterator[AsyncIterator[str]]:
-    """Listening on ``channels`` once entered; iterate for the channel of each notification."""
+async def listen(
+    dsn: str, channels: Sequence[str], *, tick_s: float | None = None
+) -> AsyncIterator[AsyncIterator[str]]:
+    """Listening on ``channels`` once entered; iterate for the channel of each notification.
+
+    With ``tick_s``, a quiet connection also yields ``""`` every ``tick_s``
+    seconds, so a caller can decide to stop listening without a notification.
+    """
     if not channels:
         raise ValueError("LISTEN needs at least one channel")
     async with await psycopg.AsyncConnection.connect(
@@ -31,16 +37,19 @@ async def listen(dsn: str, channels: Sequence[str]) -> AsyncIterator[AsyncIterat
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         # Closed before the connection: a notifies() generator left suspended
         # holds the connection's lock, and closing the connection would wait on it.
-        async with contextlib.aclosing(_channels(conn)) as notified:
+        async with contextlib.aclosing(_channels(conn, tick_s)) as notified:
             yield notified
 
 
 async def _channels(
-    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    conn: psycopg.AsyncConnection[tuple[object, ...]], tick_s: float | None
 ) -> AsyncGenerator[str, None]:
-    async with contextlib.aclosing(conn.notifies()) as notifies:
-        async for notify in notifies:
-            yield notify.channel
+    while True:
+        # Without a timeout notifies() only ends with an error of the connection.
+        async with contextlib.aclosing(conn.notifies(timeout=tick_s)) as notifies:
+            async for notify in notifies:
+                yield notify.channel
+        yield ""
 
 
 __all__ = ["APPLICATION_NAME", "listen"]

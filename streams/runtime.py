@@ -221,16 +221,19 @@ class Runtime(mode.Service):
             metrics.add_collector(fleet, fleet.refresh)
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
-        # The relay drains the outbox when it notifies; watchers read it.
-        if {"relay", "api"} & settings.roles:
+        if "relay" in settings.roles:
             channels.append(OUTBOX_CHANNEL)
         if channels:
             self.listener = Listener(settings.database_url, *channels)
         if "api" in settings.roles:
-            assert self.listener is not None
+            # Watchers share the relay's outbox notifications; without a relay
+            # here they listen for themselves, only while someone watches.
+            listener = self.listener
+            shared = listener is not None and OUTBOX_CHANNEL in listener.channels
             self.watch = JobWatch(
                 JobFeed(pool),
-                wake=self.listener.subscribe(OUTBOX_CHANNEL),
+                wake=listener.subscribe(OUTBOX_CHANNEL) if listener and shared else None,
+                dsn="" if shared else settings.database_url,
                 poll_s=settings.watch_poll_s,
                 max_watchers=settings.watch_max,
             )

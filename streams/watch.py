@@ -2,12 +2,19 @@
 
 Each watcher reads the job's outbox rows after the last id it sent, with the
 job's status and latest progress (``store.job_feed``: one statement, one
-snapshot). It reads again when an outbox notification arrives (this process's
-LISTEN connection: accepted, parked and settled jobs notify) or after
-``poll_s``, which is how step checkpoints and progress reach it: they notify no
-one, to keep NOTIFY's commit serialization off the hot path. Every watcher of
-the process waits on one wake-up, so a notification costs one read per
-watcher, not one LISTEN connection per watcher.
+snapshot). It reads again when an outbox notification arrives (accepted, parked and
+settled jobs notify) or after ``poll_s``, which is how step checkpoints and
+progress reach it: they notify no one, to keep NOTIFY's commit serialization
+off the hot path. Every watcher of the process waits on one wake-up, so a
+notification costs one read per watcher, not one LISTEN connection per
+watcher.
+
+The notifications come from the process's LISTEN connection when it has one
+on the outbox channel anyway (a relay's). Otherwise the watchers listen only
+while there are any: Postgres runs a small transaction in every listening
+backend for each notification it delivers, which an API replica nobody
+watches through should not pay for every job. The connection opens with the
+first watcher and closes once none has been left for ``listen_idle_s``.
 
 A watch reads Postgres only: it needs no Kafka consumer, works on every API
 replica, and resumes after any event id (``Last-Event-ID``). Events already
@@ -30,9 +37,12 @@ import mode
 
 from schemas.contract import decode_event, to_json
 from schemas.errors import ResourceExhausted
+from store.channels import OUTBOX_CHANNEL
 from store.errors import is_outage
 from store.job_feed import FeedEvent, JobFeed
+from store.notify import listen
 from store.progress import Progress
+from streams.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +100,8 @@ class JobWatch(mode.Service):
         feed: JobFeed,
         *,
         wake: asyncio.Event | None = None,
+        dsn: str = "",
+        listen_idle_s: float = 30.0,
         poll_s: float = 1.0,
         keepalive_s: float = 15.0,
         max_watchers: int = 256,
@@ -97,9 +109,18 @@ class JobWatch(mode.Service):
         clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
+        """``wake``: set on every outbox notification by a LISTEN connection the
+        process keeps anyway; without it, ``dsn`` is listened on while watched."""
         super().__init__(**kwargs)
         self._feed = feed
         self._wake = wake
+        self._dsn = dsn
+        self._listen_idle_s = listen_idle_s
+        self._watched = asyncio.Event()
+        self._unwatched_at: float | None = None
+        self._listen_backoff = Backoff(poll_s, 30.0)
+        # Whether this service holds a LISTEN connection right now.
+        self.listening = False
         self._poll_s = poll_s
         self._keepalive_s = keepalive_s
         self._max_watchers = max_watchers
@@ -124,12 +145,44 @@ class JobWatch(mode.Service):
 
     @mode.Service.task
     async def _fan_out(self) -> None:
-        if self._wake is None:
-            return
-        while not self.should_stop:
-            await self._wake.wait()
-            self._wake.clear()
-            self._signal()
+        if self._wake is not None:
+            while not self.should_stop:
+                await self._wake.wait()
+                self._wake.clear()
+                self._signal()
+        elif self._dsn:
+            while not self.should_stop:
+                await self._watched.wait()
+                await self._listen_while_watched()
+
+    async def _listen_while_watched(self) -> None:
+        try:
+            tick_s = min(self._poll_s, self._listen_idle_s)
+            async with listen(self._dsn, (OUTBOX_CHANNEL,), tick_s=tick_s) as notified:
+                self.listening = True
+                self._listen_backoff.reset()
+                # Whatever was sent before we listened is read by the next pass.
+                self._signal()
+                async for channel in notified:
+                    if channel:
+                        self._signal()
+                    if self._idle_long_enough():
+                        self._watched.clear()
+                        return
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.debug("watch: LISTEN lost (%s); polling meanwhile", exc)
+            await self.sleep(self._listen_backoff.next())
+        finally:
+            self.listening = False
+
+    def _idle_long_enough(self) -> bool:
+        return (
+            self.watchers == 0
+            and self._unwatched_at is not None
+            and self._clock() - self._unwatched_at >= self._listen_idle_s
+        )
 
     def close_streams(self) -> None:
         """End every stream now (the web server is shutting down)."""
@@ -158,11 +211,15 @@ class JobWatch(mode.Service):
         here could only cut a stream already begun.
         """
         self.watchers += 1
+        self._unwatched_at = None
+        self._watched.set()
         try:
             async for frame in self._frames(job_id, after, connected):
                 yield frame
         finally:
             self.watchers -= 1
+            if self.watchers == 0:
+                self._unwatched_at = self._clock()
 
     async def _frames(
         self, job_id: UUID, after: int, connected: Callable[[], bool]

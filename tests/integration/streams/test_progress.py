@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -13,26 +12,11 @@ from store.pool import Pool
 from store.progress import ProgressStore
 from store.runs import RunStore
 from streams.progress import ProgressRecorder
-from tests.workflows_fixtures import envelope
-from workflows.cache import DefinitionCache
+from tests.integration.store.helpers import submit
 
 pytestmark = pytest.mark.asyncio
 
 PROGRESS_SQL = "SELECT attempt, step_name, fraction, message FROM workflow_run_progress"
-
-
-async def _submit(store: RunStore, input: dict[str, Any]) -> uuid.UUID:
-    workflow = envelope(review=None)
-    compiled = DefinitionCache().get(workflow)
-    job_id = uuid.uuid4()
-    await store.submit(
-        job_id=job_id,
-        workflow_name=compiled.name,
-        definition=workflow,
-        definition_hash=compiled.definition_hash,
-        input=compiled.validate_input(input),
-    )
-    return job_id
 
 
 async def _stored(pool: Pool, want_rows: int, timeout_s: float = 5.0) -> list[tuple[Any, ...]]:
@@ -46,7 +30,7 @@ async def _stored(pool: Pool, want_rows: int, timeout_s: float = 5.0) -> list[tu
 
 
 async def test_a_burst_of_reports_is_one_row_holding_the_last(pool: Pool, store: RunStore) -> None:
-    job_id = await _submit(store, {"text": "a b"})
+    job_id = (await submit(store)).job.job_id
     claimed = await store.claim("w-progress")
     assert claimed is not None and claimed.job.job_id == job_id
     recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.2)
@@ -67,7 +51,7 @@ async def test_a_burst_of_reports_is_one_row_holding_the_last(pool: Pool, store:
 
 async def test_nothing_is_stored_for_a_job_nobody_holds(pool: Pool, store: RunStore) -> None:
     recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.05)
-    job_id = await _submit(store, {"text": "a"})
+    job_id = (await submit(store)).job.job_id
     claimed = await store.claim("w-progress")
     assert claimed is not None
     await store.hand_back(claimed.lease)

@@ -1,0 +1,71 @@
+"""A process without a relay listens for outbox notifications only while someone watches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import pytest
+
+from store.control import ControlStore
+from store.job_feed import JobFeed
+from store.notify import APPLICATION_NAME
+from store.pool import Pool
+from store.runs import RunStore
+from streams.watch import JobWatch
+from tests.integration.store.helpers import submit
+
+pytestmark = pytest.mark.asyncio
+
+LISTENERS_SQL = """
+SELECT count(*) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = %(name)s
+"""
+
+
+async def _listening_backends(pool: Pool) -> int:
+    async with pool.connection() as conn:
+        cursor = await conn.execute(LISTENERS_SQL, {"name": APPLICATION_NAME})
+        row = await cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_listening_starts_with_the_first_watcher_and_ends_once_none_is_left(
+    dsn: str, pool: Pool, store: RunStore
+) -> None:
+    # Polling alone would take half a minute: only a notification can be quick.
+    watch = JobWatch(JobFeed(pool), dsn=dsn, poll_s=30.0, listen_idle_s=0.5)
+    await watch.start()
+    try:
+        job_id = (await submit(store)).job.job_id
+        assert not watch.listening and await _listening_backends(pool) == 0
+        frames: list[bytes] = []
+
+        async def follow() -> None:
+            async for frame in watch.frames(job_id, after=0):
+                frames.append(frame)
+
+        following = asyncio.create_task(follow())
+        await _until(lambda: len(frames) == 1 and watch.listening)
+        assert await _listening_backends(pool) == 1
+        started = time.monotonic()
+        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
+        await asyncio.wait_for(following, timeout=10)
+        assert time.monotonic() - started < 5.0
+        cancelled = json.loads(frames[1].decode().split("data: ", 1)[1])
+        assert cancelled["type"] == "TYPE_CANCELLED"
+        assert b"event: end" in frames[-1]
+        # Nobody watches any more: the connection goes once the idle time has passed.
+        await _until(lambda: not watch.listening)
+        assert await _listening_backends(pool) == 0
+    finally:
+        await watch.stop()

@@ -98,6 +98,15 @@ class Result:
 # --------------------------------------------------------------------------- measuring
 
 
+def bench_topics(prefix: str, suffix: str) -> dict[str, str]:
+    """A run's own requests, events and dead-letter topics, as worker settings."""
+    return {
+        "WFJOBS_REQUESTS_TOPIC": f"{prefix}-{suffix}",
+        "WFJOBS_EVENTS_TOPIC": f"{prefix}-events-{suffix}",
+        "WFJOBS_REQUESTS_DLQ_TOPIC": f"{prefix}-{suffix}.dlq",
+    }
+
+
 def db_counters(dsn: str) -> DbCounters:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -211,11 +220,7 @@ def run(args: argparse.Namespace, console: Console) -> Result:
         asyncio.run(migrate(dsn))
         enable_statement_counts(dsn)
         suffix = uuid.uuid4().hex[:8]
-        topics = {
-            "WFJOBS_REQUESTS_TOPIC": f"bench-requests-{suffix}",
-            "WFJOBS_EVENTS_TOPIC": f"bench-events-{suffix}",
-            "WFJOBS_REQUESTS_DLQ_TOPIC": f"bench-requests-{suffix}.dlq",
-        }
+        topics = bench_topics("bench-requests", suffix)
         ensure_topics(kafka.bootstrap_servers, topics.values(), partitions=args.partitions)
         with console.status(f"starting {args.workers} worker process(es)..."):
             for index in range(args.workers):

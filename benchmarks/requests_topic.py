@@ -38,6 +38,7 @@ from rich.table import Table
 
 from benchmarks.end_to_end import (
     PG_STAT_SETTINGS,
+    bench_topics,
     db_counters,
     enable_statement_counts,
     process_cpu_s,
@@ -108,11 +109,7 @@ def run_one(
     asyncio.run(migrate(dsn))
     enable_statement_counts(dsn)
     suffix = uuid.uuid4().hex[:8]
-    topics = {
-        "WFJOBS_REQUESTS_TOPIC": f"bench-intake-{suffix}",
-        "WFJOBS_EVENTS_TOPIC": f"bench-intake-events-{suffix}",
-        "WFJOBS_REQUESTS_DLQ_TOPIC": f"bench-intake-{suffix}.dlq",
-    }
+    topics = bench_topics("bench-intake", suffix)
     ensure_topics(kafka.bootstrap_servers, topics.values(), partitions=args.partitions)
     env = worker_environment(
         database_url=dsn,

@@ -37,6 +37,7 @@ from benchmarks.end_to_end import (
     PG_STAT_SETTINGS,
     WORKFLOW_NAME,
     EventWatcher,
+    bench_topics,
     bench_workflow,
     job_input,
     process_cpu_s,
@@ -74,11 +75,7 @@ def measure(
     suffix = uuid.uuid4().hex[:8]
     dsn = postgres.create_database("bench_tracing")
     asyncio.run(migrate(dsn))
-    topics = {
-        "WFJOBS_REQUESTS_TOPIC": f"bench-requests-{suffix}",
-        "WFJOBS_EVENTS_TOPIC": f"bench-events-{suffix}",
-        "WFJOBS_REQUESTS_DLQ_TOPIC": f"bench-requests-{suffix}.dlq",
-    }
+    topics = bench_topics("bench-requests", suffix)
     ensure_topics(kafka.bootstrap_servers, topics.values(), partitions=args.partitions)
     env = worker_environment(
         database_url=dsn,

@@ -56,16 +56,15 @@ def test_handlers_must_be_async_and_methods_well_formed() -> None:
         registry.register("Tokenize", _echo)
 
 
+def _context(**options: Any) -> StepContext:
+    """The context of step ``embed`` of job ``j``; ``options`` override the rest."""
+    fields: dict[str, Any] = {"attempt": 1, "expires_at": 1e9, "response_type": object}
+    return StepContext(job_id="j", step_name="embed", **{**fields, **options})
+
+
 def test_the_context_derives_its_key_and_time_left() -> None:
     now = [100.0]
-    ctx = StepContext(
-        job_id="j",
-        step_name="embed",
-        attempt=2,
-        expires_at=105.0,
-        response_type=object,  # type: ignore[arg-type]
-        clock=lambda: now[0],
-    )
+    ctx = _context(attempt=2, expires_at=105.0, clock=lambda: now[0])
     assert ctx.idempotency_key == "j:embed"
     assert ctx.deadline == 5.0
     now[0] = 107.0
@@ -122,13 +121,8 @@ def test_a_missing_handler_module_is_named() -> None:
 
 def test_progress_goes_to_the_sink_checked_and_cut() -> None:
     reports: list[tuple[str, float, str]] = []
-    ctx = StepContext(
-        job_id="j",
-        step_name="embed",
-        attempt=1,
-        expires_at=1e9,
-        response_type=object,  # type: ignore[arg-type]
-        progress_sink=lambda step, fraction, message: reports.append((step, fraction, message)),
+    ctx = _context(
+        progress_sink=lambda step, fraction, message: reports.append((step, fraction, message))
     )
     ctx.progress(0)
     ctx.progress(1, "x" * 2000)
@@ -141,13 +135,7 @@ def test_progress_goes_to_the_sink_checked_and_cut() -> None:
 
 
 def test_progress_without_a_sink_is_checked_and_goes_nowhere() -> None:
-    ctx = StepContext(
-        job_id="j",
-        step_name="embed",
-        attempt=1,
-        expires_at=1e9,
-        response_type=object,  # type: ignore[arg-type]
-    )
+    ctx = _context()
     ctx.progress(0.3, "fine")
     with pytest.raises(ValueError):
         ctx.progress(2)

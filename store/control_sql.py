@@ -182,7 +182,8 @@ WITH snapshot_lock AS (
     ON CONFLICT (hash) DO NOTHING
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status, attempt,
-                              max_attempts, run_after, owner, checkpoints, resumed_from)
+                              max_attempts, run_after, owner, checkpoints, resumed_from,
+                              traceparent, tracestate)
     SELECT %(job_id)s, o.workflow_name, %(definition_hash)s, o.input,
            {status_literal(Status.QUEUED)}, 0,
            coalesce(%(max_attempts)s, o.max_attempts), now(), %(owner)s,
@@ -190,7 +191,9 @@ WITH snapshot_lock AS (
                        FROM jsonb_array_elements(o.checkpoints)
                             WITH ORDINALITY AS kept(entry, position)
                       WHERE kept.position <= %(keep)s), '[]'::jsonb),
-           o.job_id
+           o.job_id,
+           -- A resumed run goes on with the original's story: the same trace.
+           o.traceparent, o.tracestate
       FROM workflow_run AS o, snapshot_lock
      WHERE o.job_id = %(original_id)s
     ON CONFLICT (job_id) DO NOTHING

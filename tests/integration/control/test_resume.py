@@ -42,10 +42,17 @@ async def _json(response: Any) -> dict[str, Any]:
     return body
 
 
-async def _submit(client: TestClient[Any, Any], text: str, **extra: Any) -> str:
+async def _submit(
+    client: TestClient[Any, Any],
+    text: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> str:
     response = await client.post(
         "/v1/workflow-runs",
         json={"workflow_name": "web-review", "input": {"text": text}, **extra},
+        headers=headers,
     )
     assert response.status == 201, await response.text()
     job_id: str = (await _json(response))["job"]["job_id"]
@@ -59,9 +66,10 @@ async def ended_job(
     *,
     steps: Sequence[str] = ("tokenize",),
     end: str = "DEAD",
+    headers: dict[str, str] | None = None,
 ) -> str:
     """A job that checkpointed ``steps`` and then ended ``end`` (DEAD or FAILED)."""
-    job_id = await _submit(client, text, max_attempts=1)
+    job_id = await _submit(client, text, headers=headers, max_attempts=1)
     runs = runtime.require_runs()
     claimed = await runs.claim_batch("resume-test", 100)
     ours = [item for item in claimed if str(item.job_id) == job_id]
@@ -383,3 +391,18 @@ async def test_the_resume_command(dsn: str, capsys: pytest.CaptureFixture[str]) 
         assert code == 0 and "resumed 1 job(s)" in out and other in out
         code, _ = await wfjobs("resume")
         assert code == 1
+
+
+async def test_a_resumed_run_continues_the_trace_of_the_job_it_resumes(dsn: str) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        original_id = await ended_job(
+            client, runtime, "trace me", headers={"traceparent": traceparent}
+        )
+        runs = runtime.require_runs()
+        assert (await runs.get(original_id)).traceparent == traceparent
+        resumed = await _json(await _resume(client, original_id))
+        run = await runs.get(resumed["job"]["job_id"])
+        assert run.resumed_from is not None and str(run.resumed_from) == original_id
+        assert run.traceparent == traceparent

@@ -490,7 +490,10 @@ class Jobs:
         with outages_as_unavailable():
             job = _visible(await self._runtime.require_runs().get(job_id), owner)
         if job.definition is None:
-            raise NotFound(f"job {job_id} has no definition snapshot to read its steps from")
+            raise FailedPrecondition(
+                f"job {job_id} was refused at submit and has no definition snapshot to read "
+                "its steps from"
+            )
         step = self._runtime.compile(job.definition, job.definition_hash).step(step_name)
         if not step.external:
             raise InvalidArgument(

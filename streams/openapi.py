@@ -463,7 +463,7 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                 "stepForm",
                 "The fields of an external step's response, to build a form that answers it",
                 {"200": _answer(_STEP_FORM, "the step's response type and its fields")},
-                errors=("400", "503"),
+                errors=("400", "409", "503"),
                 parameters=[
                     _path("job_id", _UUID, "the job's id"),
                     _path("step_name", {"type": "string", "minLength": 1}, "an external step"),

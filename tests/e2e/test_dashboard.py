@@ -20,7 +20,8 @@ from tests.browser import artifacts_dir, chromium_executable
 from tests.e2e.harness import Stack
 from workflows.samples.build import load_workflow
 
-pytestmark = pytest.mark.e2e
+# Installing Chromium on a machine without it (apt-get) runs in this module's set-up.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SAMPLE = "embed-and-review"
 TIMEOUT_MS = 30_000

@@ -371,7 +371,7 @@ async function jobsPage(params) {
               ),
             ),
           ),
-      answer.next_page_token ? h("p", {}, h("a", { href: `#/jobs?${next}`, id: "next-page" }, "Next page →")) : null,
+      answer.next_page_token ? h("p", {}, h("a", { href: `#/jobs?${next}`, id: "next-page" }, "Next page →")) : "",
     );
     notice("");
   } catch (error) {
@@ -443,7 +443,28 @@ async function jobPage(jobId) {
   );
 
   let refreshing = null;
+  let running = null;
+  let again = false;
+  // One refresh at a time, the last asked for always run: answers arriving out
+  // of order must never draw an older state over a newer one.
   const refresh = async () => {
+    if (running) {
+      again = true;
+      return running;
+    }
+    running = (async () => {
+      do {
+        again = false;
+        await refreshOnce();
+      } while (again && !controller.signal.aborted);
+    })();
+    try {
+      await running;
+    } finally {
+      running = null;
+    }
+  };
+  const refreshOnce = async () => {
     try {
       const [answer, why] = await Promise.all([
         api("GET", `/v1/workflow-runs/${jobId}`),
@@ -527,7 +548,7 @@ function renderJob(job, parts) {
     ["Updated", when(job.updated_at)],
     ["Owner", job.owner || "—"],
   ];
-  if (job.outstanding_step) rows.push(["Waiting on", job.outstanding_step]);
+  if (job.status === "WAITING" && job.outstanding_step) rows.push(["Waiting on", job.outstanding_step]);
   if (job.status === "RUNNING" && job.lease_owner) {
     rows.push(["Held by", h("span", {}, job.lease_owner, " until ", when(job.lease_until))]);
   }
@@ -550,8 +571,8 @@ function renderJob(job, parts) {
             h("details", { "data-checkpoint": c.name }, h("summary", {}, c.name, c.skipped ? " (skipped)" : ""), h("pre", {}, json(c.response ?? {}))),
           ),
         ),
-    job.result ? h("details", { open: true }, h("summary", {}, "Result"), h("pre", { id: "job-result" }, json(job.result))) : null,
-    job.review_request && job.status === "WAITING" ? h("details", { open: true }, h("summary", {}, "What the reviewer is asked"), h("pre", {}, json(job.review_request))) : null,
+    job.result ? h("details", { open: true }, h("summary", {}, "Result"), h("pre", { id: "job-result" }, json(job.result))) : "",
+    job.review_request && job.status === "WAITING" ? h("details", { open: true }, h("summary", {}, "What the reviewer is asked"), h("pre", {}, json(job.review_request))) : "",
   );
   const history = job.history || [];
   parts.attempts.replaceChildren(
@@ -594,6 +615,11 @@ function renderExplain(why, section) {
 }
 
 async function renderActions(job, section, refresh) {
+  // Drawn again only when what can be done changes: a refresh (every event
+  // brings one) must not wipe a form someone is filling in, or its focus.
+  const signature = [job.status, job.outstanding_step, job.cancel_requested_at, job.resumed_by].join("|");
+  if (section.dataset.signature === signature) return;
+  section.dataset.signature = signature;
   const result = h("p", { class: "muted", id: "action-result" });
   const run = (label, method, path, body, style) =>
     h(

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
+from devstack.processes import free_port
 from streams.tracing import headers_of
 from tests.e2e.conftest import PARTITIONS
-from tests.e2e.harness import Stack, type_name
+from tests.e2e.harness import Stack, type_name, wait_until
 from tests.workflows_fixtures import envelope
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
@@ -87,3 +95,88 @@ async def test_a_worker_logs_plain_text_by_default(stack: Stack) -> None:
     text = worker.log_path.read_text()
     assert "runtime started" in text
     assert not json_lines(text)
+
+
+@contextlib.asynccontextmanager
+async def otlp_receiver() -> AsyncIterator[tuple[str, list[Any]]]:
+    """An OTLP/HTTP traces endpoint on 127.0.0.1: what it was sent, as spans."""
+    received: list[Any] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        batch = ExportTraceServiceRequest.FromString(await request.read())
+        for resource_spans in batch.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                received.extend(scope_spans.spans)
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(),
+            content_type="application/x-protobuf",
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1/traces", received
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_default_exporter_sends_a_jobs_spans_over_otlp(stack: Stack) -> None:
+    async with otlp_receiver() as (endpoint, received):
+        # WFJOBS_TRACING_EXPORTER left at its default, otlp; the SDK's own
+        # variables name the endpoint and a short batching delay.
+        worker = await stack.start_worker(
+            "otlp-1",
+            WFJOBS_TRACING="on",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint,
+            OTEL_BSP_SCHEDULE_DELAY="100",
+        )
+        await stack.put_workflow(worker, envelope(name="exported", review=None))
+        job_id = stack.produce_request("exported", {"text": "send my spans"})
+        stack.flush()
+        await stack.wait_for_job(job_id, {"COMPLETED"})
+
+        def of_job() -> list[Any]:
+            return [
+                span
+                for span in received
+                if any(
+                    a.key == "wfjobs.job_id" and a.value.string_value == str(job_id)
+                    for a in span.attributes
+                )
+            ]
+
+        async def exported() -> list[Any] | None:
+            names = {span.name for span in of_job()}
+            wanted = {"submit", "claim", "segment", "step tokenize", "step embed", "publish"}
+            return of_job() if wanted <= names else None
+
+        spans = await wait_until(exported, timeout_s=30)
+    # One trace, from the request's submit to the events' publication.
+    assert len({span.trace_id for span in spans}) == 1
+
+
+async def test_the_console_exporter_prints_a_jobs_spans_to_the_workers_output(
+    stack: Stack,
+) -> None:
+    worker = await stack.start_worker(
+        "console-1",
+        WFJOBS_TRACING="on",
+        WFJOBS_TRACING_EXPORTER="console",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+    await stack.put_workflow(worker, envelope(name="printed", review=None))
+    job_id = stack.produce_request("printed", {"text": "print my spans"})
+    stack.flush()
+    await stack.wait_for_job(job_id, {"COMPLETED"})
+
+    async def printed() -> bool | None:
+        text = worker.log_path.read_text()
+        return (
+            True if f'"wfjobs.job_id": "{job_id}"' in text and '"name": "segment"' in text else None
+        )
+
+    await wait_until(printed, timeout_s=30)

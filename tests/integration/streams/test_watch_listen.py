@@ -66,6 +66,11 @@ async def test_listening_starts_with_the_first_watcher_and_ends_once_none_is_lef
         assert b"event: end" in frames[-1]
         # Nobody watches any more: the connection goes once the idle time has passed.
         await _until(lambda: not watch.listening)
+        # The server ends its backend a moment after the client closed it.
+        for _ in range(500):
+            if await _listening_backends(pool) == 0:
+                break
+            await asyncio.sleep(0.02)
         assert await _listening_backends(pool) == 0
     finally:
         await watch.stop()

@@ -108,6 +108,7 @@ from store.run_sql import (
 )
 from store.states import Status, parse_status
 from store.submit_batch import submit_rows
+from store.submit_group import SubmitGroup
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -189,8 +190,9 @@ class RunStore:
     ) -> None:
         """``group_commit``: send the commit points of a running job (checkpoint,
         complete, park, fail, retry-or-die) through one ``GroupCommit``, which
-        writes those of concurrent runners in one statement; off, each is its
-        own statement."""
+        writes those of concurrent runners in one statement, and concurrent
+        submits through one ``SubmitGroup`` likewise; off, each is its own
+        statement."""
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
         if max_event_bytes < MIN_EVENT_BYTES:
@@ -205,6 +207,7 @@ class RunStore:
         self._max_text_bytes = min(MAX_EVENT_TEXT_BYTES, max_event_bytes // 4)
         self.history = HistoryStore(pool)
         self.group: GroupCommit | None = None
+        self.submits: SubmitGroup | None = SubmitGroup(pool) if group_commit else None
         if group_commit:
             self.group = GroupCommit(
                 pool,
@@ -252,8 +255,18 @@ class RunStore:
         the submitting principal; an existing job keeps its own. ``deadline_ms``
         sets the whole-job deadline, counted from now on the database's clock.
         """
-        [result] = await submit_rows(self._pool, [self.submit_params(**submission)])
+        [result] = await self.write_submits([self.submit_params(**submission)])
         return result
+
+    async def write_submits(self, rows: Sequence[Mapping[str, Any]]) -> list[SubmitResult]:
+        """Write rows that ``submit_params`` and ``submit_failed_params`` built, each
+        unless its job exists; answers in ``rows`` order (``store.submit_batch``).
+
+        With group commit, concurrent callers' rows share one statement.
+        """
+        if self.submits is not None:
+            return await self.submits.write(rows)
+        return await submit_rows(self._pool, rows)
 
     def submit_params(self, **submission: Unpack[Submission]) -> dict[str, Any]:
         """The checked row and encoded event ``submit`` writes, for one or a batch
@@ -305,7 +318,7 @@ class RunStore:
 
     async def submit_failed(self, **failed: Unpack[FailedSubmission]) -> SubmitResult:
         """Record a request that cannot run (e.g. an unknown stored workflow) as FAILED."""
-        [result] = await submit_rows(self._pool, [self.submit_failed_params(**failed)])
+        [result] = await self.write_submits([self.submit_failed_params(**failed)])
         return result
 
     def submit_failed_params(self, **failed: Unpack[FailedSubmission]) -> dict[str, Any]:

@@ -53,7 +53,6 @@ from store.control import (
 from store.definitions import StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
-from store.submit_batch import submit_rows
 from streams import logs
 from streams.explain import ExplainFacts
 from streams.tracing import TraceContext
@@ -324,7 +323,7 @@ class Jobs:
                         )
                     )
                 refusals.append(reason)
-            results = await submit_rows(runs.pool, rows)
+            results = await runs.write_submits(rows)
         answers: dict[uuid.UUID, Submitted] = {}
         for request, result, reason in zip(unique, results, refusals, strict=True):
             job = result.job

@@ -17,7 +17,7 @@ from store.pool import Pool
 from store.records import Lease
 from store.runs import RunStore
 from store.states import Status
-from tests.integration.store.helpers import entry, submit
+from tests.integration.store.helpers import entry, submit, wait_for_lock_wait
 
 
 async def _claimed(store: RunStore, count: int) -> list[Lease]:
@@ -191,7 +191,7 @@ async def test_commit_points_arriving_during_a_flush_go_together_in_the_next(poo
             "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (first.job_id,)
         )
         writing = asyncio.ensure_future(store.checkpoint(first, entry("tokenize", ids=[1])))
-        await _wait_for_lock_wait(pool)
+        await wait_for_lock_wait(pool)
         later = asyncio.ensure_future(
             _together(
                 store.checkpoint(second, entry("tokenize", ids=[2])),
@@ -214,7 +214,7 @@ async def test_a_runner_cancelled_before_its_flush_writes_nothing(pool: Pool) ->
             "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (first.job_id,)
         )
         writing = asyncio.ensure_future(store.checkpoint(first, entry("tokenize", ids=[1])))
-        await _wait_for_lock_wait(pool)
+        await wait_for_lock_wait(pool)
         waiting = asyncio.ensure_future(store.checkpoint(dropped, entry("tokenize", ids=[2])))
         await asyncio.sleep(0)
         waiting.cancel()
@@ -241,17 +241,3 @@ async def test_without_group_commit_the_held_back_checkpoint_is_its_own_statemen
         EventType.TYPE_STEP_CHECKPOINT,
         EventType.TYPE_COMPLETED,
     ]
-
-
-async def _wait_for_lock_wait(pool: Pool, timeout_s: float = 10.0) -> None:
-    """Until some backend of this database waits on a row lock."""
-    async with pool.connection() as conn, asyncio.timeout(timeout_s):
-        while True:
-            cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = await cursor.fetchone()
-            if row is not None and row[0] > 0:
-                return
-            await asyncio.sleep(0.01)

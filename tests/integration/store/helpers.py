@@ -67,3 +67,17 @@ async def age_rows(pool: Pool, seconds: float, *job_ids: uuid.UUID) -> None:
     async with pool.connection() as conn:
         for job_id in job_ids:
             await conn.execute(AGE_ROW_SQL, {"seconds": seconds, "job_id": job_id})
+
+
+async def wait_for_lock_wait(pool: Pool, timeout_s: float = 10.0) -> None:
+    """Until some backend of this database waits on a row lock."""
+    async with pool.connection() as conn, asyncio.timeout(timeout_s):
+        while True:
+            cursor = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.01)

@@ -17,7 +17,6 @@ from schemas.contract import WorkflowRunRequest
 from schemas.errors import ResourceExhausted
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
-from streams import jobs as jobs_module
 from streams.admission import Admission, QueueDepth
 from streams.request_agent import RequestHandler, handle_until_done
 from streams.runtime import Runtime
@@ -100,7 +99,7 @@ async def test_a_store_outage_is_waited_out_not_skipped(
 ) -> None:
     runs = runtime.require_runs()
     # Every submit writes through this one statement.
-    real_submit = jobs_module.submit_rows
+    real_submit = runs.write_submits
     failures = {"left": 3}
 
     async def flaky_submit(*args: Any, **kwargs: Any) -> Any:
@@ -109,7 +108,7 @@ async def test_a_store_outage_is_waited_out_not_skipped(
             raise psycopg.OperationalError("connection refused")
         return await real_submit(*args, **kwargs)
 
-    monkeypatch.setattr(jobs_module, "submit_rows", flaky_submit)
+    monkeypatch.setattr(runs, "write_submits", flaky_submit)
     job_id = str(uuid.uuid4())
     outcome = await handle_until_done(handler, None, request(job_id), base_s=0.01, cap_s=0.05)
     assert outcome.kind == "submitted"

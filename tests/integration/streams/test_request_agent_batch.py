@@ -18,7 +18,6 @@ from schemas.contract import WorkflowRunRequest
 from schemas.serde import RequestDecoder
 from store.outbox import Outbox
 from store.pool import Pool
-from streams import jobs as jobs_module
 from streams.request_agent import Message, RequestHandler, handle_batch_until_done
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import Letters
@@ -141,16 +140,17 @@ async def test_a_crash_between_the_commit_and_the_offsets_replays_harmlessly(
 async def test_a_store_outage_holds_the_whole_batch_until_it_commits(
     handler: RequestHandler, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = jobs_module.submit_rows
+    runs = runtime.require_runs()
+    real = runs.write_submits
     failures = {"left": 3}
 
-    async def flaky(pool: Pool, rows: Any) -> Any:
+    async def flaky(rows: Any) -> Any:
         if failures["left"]:
             failures["left"] -= 1
             raise psycopg.OperationalError("connection refused")
-        return await real(pool, rows)
+        return await real(rows)
 
-    monkeypatch.setattr(jobs_module, "submit_rows", flaky)
+    monkeypatch.setattr(runs, "write_submits", flaky)
     ids = [uuid.uuid4() for _ in range(3)]
     outcomes = await handle_batch_until_done(
         handler, [Message(None, request(job_id)) for job_id in ids], base_s=0.01, cap_s=0.05

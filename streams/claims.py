@@ -5,7 +5,9 @@ only claims while some runner is idle, and then as many jobs as there are idle
 runners (up to ``batch``) in one statement, so a hungry process fills all its
 runners in one round trip while a busy one never hoards leases it cannot run
 yet. When a claim comes back short it waits, up to a jittered poll interval,
-for the LISTEN connection to announce new work.
+for the LISTEN connection to announce new work. While claims come back full (a
+backlog), a runner whose segment has ended counts as idle during its settle,
+so the next job's claim runs while the settle commits instead of after it.
 
 A runner, per job:
 
@@ -55,7 +57,9 @@ A watchdog, ticking without I/O, keeps the two bounds a held job has:
   (the database refuses to renew it by then, and the sweeper requeues it if
   this worker cannot);
 * a job still held ``settle_bound_s`` after its segment ended (or stalled) is
-  logged and handed back, and ``health()`` reports it until it is let go.
+  logged and handed back, and ``health()`` reports it until it is let go;
+* a claimed job that no runner took within ``settle_bound_s`` (claimed ahead
+  of settles that then hung) is handed back unstarted.
 
 Stopping: no more claims; running segments get ``grace_s`` to finish and
 settle; whatever is still running then is cancelled and handed back, as are
@@ -144,6 +148,8 @@ class ClaimStats:
     held_past_bound: int = 0
     # Jobs settled CANCELLED because an operator asked.
     cancelled: int = 0
+    # Claimed jobs handed back unstarted after waiting past the bound for a runner.
+    withdrawn: int = 0
 
 
 @dataclass(eq=False)
@@ -246,6 +252,16 @@ class ClaimLoops(mode.Service):
         self._progress = progress
         self._queue: asyncio.Queue[ClaimedJob] = asyncio.Queue()
         self._idle = loops
+        # Jobs whose runner gave its place back when the segment ended, before
+        # the settle's commit: the next job is claimed while that commit runs.
+        self._settling_early: set[Lease] = set()
+        # Whether the last claim found all it asked for: a backlog, so claiming
+        # ahead of a settle finds work for the runner.
+        self._backlogged = False
+        # Claimed jobs no runner has taken yet, since when; and those the
+        # watchdog handed back for waiting too long, for the runner to skip.
+        self._waiting_since: dict[Lease, float] = {}
+        self._withdrawn: set[Lease] = set()
         self._has_idle = asyncio.Event()
         self._has_idle.set()
         self._stopping = False
@@ -315,7 +331,9 @@ class ClaimLoops(mode.Service):
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
         while not self._queue.empty():
-            await self._hand_back(self._queue.get_nowait().lease, "never started")
+            lease = self._queue.get_nowait().lease
+            if lease not in self._withdrawn:
+                await self._hand_back(lease, "never started")
         if self._pending:
             await asyncio.wait(self._pending, timeout=_HAND_BACK_TIMEOUT_S)
         log.info("claim loops stopped: %s", self.stats)
@@ -361,8 +379,13 @@ class ClaimLoops(mode.Service):
                     self._tracing.claimed(job, started_ns, ended_ns)
             if self._timings is not None:
                 _observe_claims(self._timings, claimed)
+            # A single runner is left out: a job claimed ahead would wait for
+            # that same runner, however long its settle takes.
+            self._backlogged = self._loops > 1 and len(claimed) == want
+            queued_at = self._clock()
             for job in claimed:
                 self._idle -= 1
+                self._waiting_since[job.lease] = queued_at
                 self._queue.put_nowait(job)
             if self._idle <= 0:
                 self._has_idle.clear()
@@ -382,6 +405,12 @@ class ClaimLoops(mode.Service):
         assert task is not None
         while not self._stopping:
             claimed = await self._queue.get()
+            self._waiting_since.pop(claimed.lease, None)
+            if claimed.lease in self._withdrawn:
+                # Handed back by the watchdog while it waited: not ours to run.
+                self._withdrawn.discard(claimed.lease)
+                self._free_a_runner()
+                continue
             if self._stopping:
                 await self._hand_back(claimed.lease, "never started")
                 continue
@@ -395,8 +424,28 @@ class ClaimLoops(mode.Service):
                 await self._hand_back(claimed.lease, "unexpected error")
             finally:
                 self._busy.discard(task)
-                self._idle += 1
-                self._has_idle.set()
+                if claimed.lease in self._settling_early:
+                    self._settling_early.discard(claimed.lease)
+                else:
+                    self._free_a_runner()
+
+    def _free_a_runner(self) -> None:
+        self._idle += 1
+        self._has_idle.set()
+
+    def _claim_next_while_settling(self, lease: Lease) -> None:
+        """The runner's segment ended: claim its next job while the settle commits.
+
+        Only while claims come back full: then the settle is one more commit
+        the next job would wait for, and claiming after it puts a second one
+        in line. The job claimed early waits in the queue for the first runner
+        free, normally as long as a settle takes; one that waits past the
+        settle bound (every runner stuck in a store that does not answer) is
+        handed back by the watchdog rather than left to its lease.
+        """
+        if self._backlogged and lease not in self._settling_early:
+            self._settling_early.add(lease)
+            self._free_a_runner()
 
     async def process(self, claimed: ClaimedJob) -> None:
         """Run one claimed job's segment and settle it; never raises for the job's sake.
@@ -516,6 +565,7 @@ class ClaimLoops(mode.Service):
                 held_back=holding.held_back,
             )
             return
+        self._claim_next_while_settling(lease)
         await self._settle(lease, outcome, held_back=holding.held_back)
 
     @contextlib.asynccontextmanager
@@ -692,6 +742,27 @@ class ClaimLoops(mode.Service):
             # Its lines, and the hand-back task's, name the job like the runner's do.
             with logs.about_job(holding.lease.job_id, holding.lease.attempt):
                 self._watch(holding, now)
+        for lease, since in list(self._waiting_since.items()):
+            if now - since > self._settle_bound_s:
+                with logs.about_job(lease.job_id, lease.attempt):
+                    self._withdraw(lease, now - since)
+
+    def _withdraw(self, lease: Lease, waited_s: float) -> None:
+        """Hand back a claimed job that no runner took within the settle bound."""
+        del self._waiting_since[lease]
+        self._withdrawn.add(lease)
+        self.stats.withdrawn += 1
+        log.error(
+            "job %s: claimed %.1fs ago and no runner took it (bound %.1fs); handing it back",
+            lease.job_id,
+            waited_s,
+            self._settle_bound_s,
+        )
+        self._keep(
+            asyncio.get_running_loop().create_task(
+                self._hand_back(lease, "waited past its bound"), name=f"hand-back-{lease.job_id}"
+            )
+        )
 
     def _watch(self, holding: _Holding, now: float) -> None:
         job_id = holding.lease.job_id

@@ -255,6 +255,58 @@ async def test_a_job_held_past_its_bound_after_its_segment_is_reported_and_hande
     assert loops.health().detail["held_past_bound"] == 0
 
 
+class SettlesThatHang(RunStore):
+    """Every ``complete`` waits until the test lets them go."""
+
+    def __init__(self, pool: Pool, *, runners: int, **options: Any) -> None:
+        super().__init__(pool, **options)
+        self.runners = runners
+        self.settling = 0
+        self.all_settling = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(self, lease: Lease, *, result: dict[str, Any], verdict: str) -> None:
+        self.settling += 1
+        if self.settling == self.runners:
+            self.all_settling.set()
+        await self.release.wait()
+        await super().complete(lease, result=result, verdict=verdict)
+
+
+async def test_a_backlog_claims_the_next_jobs_during_settles_and_hands_them_back_if_none_runs(
+    pool: Pool,
+) -> None:
+    runs = SettlesThatHang(pool, runners=2, lease_s=30.0)
+    workflow = envelope(name="auto", review="invoke")
+    jobs = [await submit(runs, workflow, text) for text in ("a", "b", "c", "d")]
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock, loops=2, batch=2, settle_bound_s=5.0)
+    await loops.start()
+    try:
+        # The first claim came back full; while both runners settle, the next
+        # two jobs are claimed.
+        await asyncio.wait_for(runs.all_settling.wait(), timeout=5)
+        for job_id in jobs[2:]:
+            await wait_status(runs, job_id, "RUNNING", timeout_s=5.0)
+        assert loops.stats.claimed == 4
+        # The settles hang past the bound: all four go back, the last two unstarted.
+        clock.advance(6.0)
+        loops.watch_once()
+        settled = [await wait_status(runs, job_id, "QUEUED", timeout_s=5.0) for job_id in jobs]
+        assert [job.attempt for job in settled] == [0, 0, 0, 0]
+        assert [len(job.checkpoints) for job in settled] == [3, 3, 0, 0]
+        assert loops.stats.withdrawn == 2 and loops.stats.held_past_bound == 2
+        runs.release.set()
+        for job_id in jobs:
+            assert (await wait_status(runs, job_id, "COMPLETED", timeout_s=5.0)).attempt == 1
+    finally:
+        await loops.stop()
+    assert [a.outcome for a in await runs.history.attempts(jobs[3])] == [
+        "HANDED_BACK",
+        "COMPLETED",
+    ]
+
+
 class ClaimsThatFail(RunStore):
     def __init__(self, pool: Pool) -> None:
         super().__init__(pool)

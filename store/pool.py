@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict, Unpack
 
 from psycopg import AsyncConnection
@@ -25,6 +26,8 @@ class PoolOptions(TypedDict, total=False):
     timeout_s: float  # DEFAULT_TIMEOUT_S
     # Shown in pg_stat_activity, so a busy database can tell its clients apart.
     application_name: str  # APPLICATION_NAME
+    # Session settings every connection takes before it is handed out.
+    session: Mapping[str, str]  # none
 
 
 def connection_kwargs(application_name: str = APPLICATION_NAME) -> dict[str, Any]:
@@ -42,6 +45,13 @@ def create_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
         raise ValueError(
             f"pool sizes must satisfy 0 <= min <= max, max >= 1; got {min_size}, {max_size}"
         )
+    session = dict(options.get("session", {}))
+
+    async def configure(conn: AsyncConnection[TupleRow]) -> None:
+        # Autocommit, so the settings hold for the session, not one transaction.
+        for name, value in session.items():
+            await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
     return AsyncConnectionPool(
         dsn,
         min_size=min_size,
@@ -49,6 +59,7 @@ def create_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
         timeout=options.get("timeout_s", DEFAULT_TIMEOUT_S),
         kwargs=connection_kwargs(application_name),
         name=application_name,
+        configure=configure if session else None,
         open=False,
     )
 

@@ -139,9 +139,15 @@ _FENCE = f"{LEASE_FENCE} AND cancel_requested_at IS NULL"
 # from its first execution on a connection instead of planning it anew for the
 # first five (the plan cache's default), which a new pool paid on every one of
 # its connections.
-CLAIM_PLANNER_SQL = (
-    "SELECT set_config('enable_sort', 'off', true),"
-    " set_config('plan_cache_mode', 'force_generic_plan', true)"
+#
+# A worker claims through a connection of its own that holds these settings
+# for its whole session (``CLAIM_SESSION``), so a claim is one statement in
+# autocommit; a store without one sends them with each claim, in its
+# transaction (``CLAIM_PLANNER_SQL``), which costs a pipelined BEGIN, the
+# settings and COMMIT around the claim: 1.1 against 0.7 ms a claim, alone.
+CLAIM_SESSION: dict[str, str] = {"enable_sort": "off", "plan_cache_mode": "force_generic_plan"}
+CLAIM_PLANNER_SQL = "SELECT " + ", ".join(
+    f"set_config('{name}', '{value}', true)" for name, value in CLAIM_SESSION.items()
 )
 
 # The claim, whole: the oldest eligible row is locked (skipping rows another

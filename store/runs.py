@@ -187,12 +187,17 @@ class RunStore:
         lease_s: float = 300.0,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         group_commit: bool = True,
+        claim_pool: Pool | None = None,
     ) -> None:
         """``group_commit``: send the commit points of a running job (checkpoint,
         complete, park, fail, retry-or-die) through one ``GroupCommit``, which
         writes those of concurrent runners in one statement, and concurrent
         submits through one ``SubmitGroup`` likewise; off, each is its own
-        statement."""
+        statement.
+
+        ``claim_pool``: where claims go, a pool whose connections hold
+        ``store.run_sql.CLAIM_SESSION`` (see there); without one, claims use
+        ``pool`` and set those for each claim's transaction."""
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
         if max_event_bytes < MIN_EVENT_BYTES:
@@ -200,6 +205,7 @@ class RunStore:
         if not 1 <= default_max_attempts <= MAX_ATTEMPTS_CEILING:
             raise ValueError(f"default_max_attempts must be within 1..{MAX_ATTEMPTS_CEILING}")
         self._pool = pool
+        self._claim_pool = claim_pool
         self.retry_base_s = retry_base_s
         self.default_max_attempts = default_max_attempts
         self.lease_s = lease_s
@@ -364,14 +370,19 @@ class RunStore:
         if limit < 1:
             raise InvalidArgument(f"claim limit must be at least 1, got {limit}")
         params = {"limit": limit, "worker_id": worker_id, "lease_s": self.lease_s}
-        async with self._pool.connection() as conn:
-            # One round trip: BEGIN, the planner setting, the claim, COMMIT;
-            # prepared from the first claim on each connection, as the group
-            # commit's statement is.
-            async with conn.pipeline(), conn.transaction():
-                await conn.execute(CLAIM_PLANNER_SQL, prepare=True)
+        # Prepared from the first claim on each connection, as the group
+        # commit's statement is.
+        if self._claim_pool is not None:
+            async with self._claim_pool.connection() as conn:
                 cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
-            rows = await cursor.fetchall()
+                rows = await cursor.fetchall()
+        else:
+            async with self._pool.connection() as conn:
+                # One round trip: BEGIN, the planner settings, the claim, COMMIT.
+                async with conn.pipeline(), conn.transaction():
+                    await conn.execute(CLAIM_PLANNER_SQL, prepare=True)
+                    cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
+                rows = await cursor.fetchall()
         arrived_at = _now()
         jobs = sorted(
             ((job_from_row(row[:-1]), row[-1]) for row in rows),

@@ -51,6 +51,7 @@ from store.pool import Pool, create_pool
 from store.progress import ProgressStore
 from store.records import Job, StepVerifier
 from store.retention import RetentionStore
+from store.run_sql import CLAIM_SESSION
 from store.runs import RunStore
 from store.tokens import TokenStore
 from streams import logs
@@ -132,6 +133,7 @@ class Runtime(mode.Service):
             max_channels=settings.step_channels_max,
         )
         self.pool: Pool | None = None
+        self.claim_pool: Pool | None = None
         self.runs: RunStore | None = None
         self.definitions: DefinitionStore | None = None
         self.tokens: TokenStore | None = None
@@ -200,8 +202,21 @@ class Runtime(mode.Service):
         # away at boot must not keep the worker down; every loop retries.
         await pool.open(wait=False)
         self.pool = pool
+        if "worker" in settings.roles and settings.claim_loops > 0:
+            # The claimer is one task, so one connection: its own, with the
+            # claim's planner settings for the session (store.run_sql).
+            self.claim_pool = create_pool(
+                settings.database_url,
+                min_size=1,
+                max_size=1,
+                timeout_s=settings.pool_timeout_s,
+                application_name=f"workflow-jobs claims {settings.worker_id}".strip()[:63],
+                session=CLAIM_SESSION,
+            )
+            await self.claim_pool.open(wait=False)
         self.runs = RunStore(
             pool,
+            claim_pool=self.claim_pool,
             retry_base_s=settings.retry_base_s,
             default_max_attempts=settings.max_attempts,
             lease_s=settings.lease_s,
@@ -315,9 +330,10 @@ class Runtime(mode.Service):
         # grace, a hand-back and the relay's last pass all still had the pool.
         with contextlib.suppress(Exception):
             await self.channels.close()
-        if self.pool is not None:
-            with contextlib.suppress(Exception):
-                await self.pool.close()
+        for pool in (self.claim_pool, self.pool):
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.close()
         if self.tracing is not None:
             # Exports what the batch processor still holds: blocking, so in a thread.
             with contextlib.suppress(Exception):

@@ -13,11 +13,13 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+from psycopg import AsyncConnection
 
 from store.outbox import LEASE_PENDING_SQL, lease_pending_params
-from store.pool import Pool
+from store.pool import Pool, create_pool
 from store.run_sql import (
     CLAIM_PLANNER_SQL,
+    CLAIM_SESSION,
     CLAIM_SQL,
     COUNT_QUEUED_SQL,
     SELECT_EXHAUSTED_SQL,
@@ -63,13 +65,9 @@ async def test_the_claim_uses_the_partial_queued_index(filled: Pool) -> None:
     assert "workflow_run_claim_idx" in plan, plan
 
 
-async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is_queued(
-    pool: Pool, store: RunStore
-) -> None:
-    # The statistics of a caught-up queue (nothing QUEUED when it was last
-    # analyzed), then a burst: the planner believes every scan returns one row.
-    # The claim must still read the backlog in index order and stop after
-    # `limit` rows, rather than read all of it and sort.
+async def _burst_after_a_caught_up_analyze(pool: Pool, store: RunStore) -> None:
+    """The statistics of a caught-up queue (nothing QUEUED when it was last
+    analyzed), then a burst: the planner believes every scan returns one row."""
     await submit_many(store, 40, name="embed")
     for settled in await store.claim_batch("w1", 40):
         await store.complete(settled.lease, result={}, verdict="done")
@@ -79,33 +77,27 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
         # read, and the statistics would no longer mislead the planner.
         await conn.execute("ALTER TABLE workflow_run SET (autovacuum_enabled = false)")
     await submit_many(store, 400, name="embed")
-    params = {"limit": 8, "worker_id": "w1", "lease_s": 300.0}
-    async with pool.connection() as conn, conn.transaction():
-        # The statement alone: the planner as the statistics lead it.
-        cursor = await conn.execute(("EXPLAIN " + CLAIM_SQL).encode(), params)
-        unguided = "\n".join(str(row[0]) for row in await cursor.fetchall())
-        # As the store sends it.
-        await conn.execute(CLAIM_PLANNER_SQL)
-        cursor = await conn.execute(("EXPLAIN " + CLAIM_SQL).encode(), params)
-        plan = "\n".join(str(row[0]) for row in await cursor.fetchall())
-        # The store's prepared claim runs the generic plan: it must be the same.
-        placeholders = {"%(limit)s": "$1", "%(worker_id)s": "$2", "%(lease_s)s": "$3"}
-        generic_sql = CLAIM_SQL
-        for name, number in placeholders.items():
-            generic_sql = generic_sql.replace(name, number)
-        cursor = await conn.execute(("EXPLAIN (GENERIC_PLAN) " + generic_sql).encode())
-        generic = "\n".join(str(row[0]) for row in await cursor.fetchall())
-    # Left to the statistics, the claim usually sorts the backlog; the two plans
-    # cost within a hair of each other, so which one wins is not fixed, and only
-    # the plan the store sends is held to the rule.
-    assert "Sort" in unguided or "workflow_run_claim_idx" in unguided, unguided
+
+
+async def _claim_plans(conn: AsyncConnection[Any]) -> tuple[str, str]:
+    """The claim's plan for these parameters, and its generic plan (the prepared one's)."""
+    cursor = await conn.execute(("EXPLAIN " + CLAIM_SQL).encode(), _CLAIM_PARAMS)
+    plan = "\n".join(str(row[0]) for row in await cursor.fetchall())
+    placeholders = {"%(limit)s": "$1", "%(worker_id)s": "$2", "%(lease_s)s": "$3"}
+    generic_sql = CLAIM_SQL
+    for name, number in placeholders.items():
+        generic_sql = generic_sql.replace(name, number)
+    cursor = await conn.execute(("EXPLAIN (GENERIC_PLAN) " + generic_sql).encode())
+    return plan, "\n".join(str(row[0]) for row in await cursor.fetchall())
+
+
+def _reads_the_claim_index_in_order(plan: str) -> None:
     assert "workflow_run_claim_idx" in plan, plan
     assert "Sort" not in plan, plan
     assert not _scans_a_table(plan), plan
-    assert "workflow_run_claim_idx" in generic, generic
-    assert "Sort" not in generic, generic
-    assert not _scans_a_table(generic), generic
-    # And the store's claim takes the oldest rows: none left behind is older.
+
+
+async def _claims_the_oldest(pool: Pool, store: RunStore) -> None:
     claimed = await store.claim_batch("w1", 8)
     assert len(claimed) == 8
     newest = max((job.job.run_after, job.job.created_at) for job in claimed)
@@ -117,6 +109,53 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
         )
         row = await cursor.fetchone()
     assert row == (0,)
+
+
+_CLAIM_PARAMS = {"limit": 8, "worker_id": "w1", "lease_s": 300.0}
+
+
+async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is_queued(
+    pool: Pool, store: RunStore
+) -> None:
+    # The claim must still read the backlog in index order and stop after
+    # `limit` rows, rather than read all of it and sort.
+    await _burst_after_a_caught_up_analyze(pool, store)
+    async with pool.connection() as conn, conn.transaction():
+        # The statement alone: the planner as the statistics lead it.
+        cursor = await conn.execute(("EXPLAIN " + CLAIM_SQL).encode(), _CLAIM_PARAMS)
+        unguided = "\n".join(str(row[0]) for row in await cursor.fetchall())
+        # As a store without a claim connection sends it.
+        await conn.execute(CLAIM_PLANNER_SQL)
+        plan, generic = await _claim_plans(conn)
+    # Left to the statistics, the claim usually sorts the backlog; the two plans
+    # cost within a hair of each other, so which one wins is not fixed, and only
+    # the plan the store sends is held to the rule.
+    assert "Sort" in unguided or "workflow_run_claim_idx" in unguided, unguided
+    _reads_the_claim_index_in_order(plan)
+    # The store's prepared claim runs the generic plan: it must be the same.
+    _reads_the_claim_index_in_order(generic)
+    # And the store's claim takes the oldest rows: none left behind is older.
+    await _claims_the_oldest(pool, store)
+
+
+async def test_a_claim_connection_holds_the_planner_settings_for_its_session(
+    dsn: str, pool: Pool, store: RunStore
+) -> None:
+    await _burst_after_a_caught_up_analyze(pool, store)
+    claim_pool = create_pool(dsn, min_size=1, max_size=1, session=CLAIM_SESSION)
+    await claim_pool.open(wait=True)
+    try:
+        async with claim_pool.connection() as conn:
+            plan, generic = await _claim_plans(conn)
+        _reads_the_claim_index_in_order(plan)
+        _reads_the_claim_index_in_order(generic)
+        await _claims_the_oldest(pool, RunStore(pool, claim_pool=claim_pool))
+    finally:
+        await claim_pool.close()
+    # The shared pool's connections keep the server's settings.
+    async with pool.connection() as conn:
+        cursor = await conn.execute("SELECT current_setting('enable_sort')")
+        assert await cursor.fetchone() == ("on",)
 
 
 async def test_the_sweeper_uses_its_indexes(filled: Pool) -> None:

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := schemas store streams workflows cli devstack migrations benchmarks
 
-.PHONY: install lint typecheck check-generated test test-fast dev bench bench-tracing bench-peers bench-backlog bench-scaleout bench-metrics kafka clean
+.PHONY: install lint typecheck check-generated test test-fast dev bench bench-tracing bench-peers bench-backlog bench-scaleout bench-metrics bench-round-trips kafka clean
 
 # pip only installs uv; its pip-compatible installer does the rest.
 $(STAMP): pyproject.toml
@@ -68,6 +68,10 @@ bench-peers: $(STAMP)
 # Per-job cost with 1 000, 10 000 and 100 000 jobs queued.
 bench-backlog: $(STAMP)
 	$(BIN)/python -m benchmarks.backlog
+
+# Each store call of a job (submit, claim, checkpoint, complete) timed alone.
+bench-round-trips: $(STAMP)
+	$(BIN)/python -m benchmarks.round_trips
 
 # Drain jobs/s with 1, 2 and 4 worker processes, and against claim loops per process.
 bench-scaleout: $(STAMP)

@@ -138,6 +138,25 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
     await _claims_the_oldest(pool, store)
 
 
+async def test_the_claim_reads_its_rows_by_key_whatever_the_backlog(pool: Pool) -> None:
+    # Statistics that know a long queue: the generic plan cannot know the limit
+    # and guesses a tenth of the eligible rows. The update must still find the
+    # picked rows by primary key, not hash them against a scan of the table,
+    # which made a claim cost more the longer the queue.
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run (job_id, workflow_name, definition_hash, status,"
+            " max_attempts) SELECT gen_random_uuid(), 'embed', 'hash-embed', 'QUEUED', 3"
+            " FROM generate_series(1, 20000)"
+        )
+        await conn.execute("ANALYZE workflow_run")
+        async with conn.transaction():
+            await conn.execute(CLAIM_PLANNER_SQL)
+            _, generic = await _claim_plans(conn)
+    _reads_the_claim_index_in_order(generic)
+    assert "workflow_run_pkey" in generic, generic
+
+
 async def test_a_claim_connection_holds_the_planner_settings_for_its_session(
     dsn: str, pool: Pool, store: RunStore
 ) -> None:

@@ -9,8 +9,10 @@ Postgres, through the same ``RunStore`` the worker uses, beside ``SELECT 1``
 (what a round trip costs before any work). The claim is timed both ways a
 store can send it: through a claim connection that holds the planner
 settings for its session (what a worker does), and as a pipelined transaction
-that sets them each time (a store without one). Wall milliseconds per call,
-median and p90 of ``--calls`` calls; nothing is asserted.
+that sets them each time (a store without one); a checkpoint both through the
+group commit (alone, so in its single-row form) and as its own statement with
+group commit off. Wall milliseconds per call, median and p90 of ``--calls``
+calls (half as many for each kind of checkpoint); nothing is asserted.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ async def measure(dsn: str, calls: int) -> dict[str, dict[str, float]]:
         compiled = DefinitionCache().get(workflow := automatic_workflow("bench-round-trips"))
         worker = RunStore(pool, claim_pool=claim_pool)
         plain = RunStore(pool)
+        ungrouped = RunStore(pool, group_commit=False)
 
         async def submit(_: int) -> None:
             await worker.submit(
@@ -92,8 +95,12 @@ async def measure(dsn: str, calls: int) -> dict[str, dict[str, float]]:
             "claim, claim connection": await _time(calls, await claim_with(worker)),
             "claim, pipelined transaction": await _time(calls, await claim_with(plain)),
         }
+        half = calls // 2
         results["checkpoint"] = await _time(
-            calls, lambda index: worker.checkpoint(leases[index], ENTRY)
+            half, lambda index: worker.checkpoint(leases[index], ENTRY)
+        )
+        results["checkpoint, group commit off"] = await _time(
+            half, lambda index: ungrouped.checkpoint(leases[half + index], ENTRY)
         )
         results["complete with the last checkpoint"] = await _time(
             calls,

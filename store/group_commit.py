@@ -65,26 +65,28 @@ class GroupCommit(Gather[_Write, Answer | None]):
 
     async def send(self, batch: Sequence[_Write]) -> list[Answer | None]:
         kinds = frozenset(write.kind for write in batch)
+        single = len(batch) == 1
         params: dict[str, Any] = {}
         for kind in kinds:
             rows = [write for write in batch if write.kind is kind]
-            fence = {
+            fence: dict[str, list[Any]] = {
                 "job_id": [w.lease.job_id for w in rows],
                 "worker_id": [w.lease.worker_id for w in rows],
                 "attempt": [w.lease.attempt for w in rows],
                 "token": [w.lease.token for w in rows],
             }
             for column in columns(kind):
-                params[param_name(kind, column)] = (
-                    fence[column] if column in fence else [w.values[column] for w in rows]
-                )
+                values = fence[column] if column in fence else [w.values[column] for w in rows]
+                params[param_name(kind, column)] = values[0] if single else values
             for name in EVENT_TYPE_PARAMS[kind]:
                 params[name] = self.event_types[name]
         async with self.pool.connection() as conn:
             # Prepared from its first use on each connection: a freshly opened
             # pool would otherwise parse and plan this long statement the first
             # five times on every connection (psycopg's prepare_threshold).
-            cursor = await conn.execute(group_commit_sql(kinds), params, prepare=True)
+            cursor = await conn.execute(
+                group_commit_sql(kinds, single=single), params, prepare=True
+            )
             rows_back = await cursor.fetchall()
         answers: dict[Any, Answer] = {row[0]: (row[1], row[2], row[3], row[4]) for row in rows_back}
         return [answers.get(write.lease.job_id) for write in batch]

@@ -88,12 +88,18 @@ async def test_a_job_asked_to_cancel_is_left_out_of_the_batch(pool: Pool) -> Non
     assert (await store.get(cancelled.job_id)).status == Status.CANCELLED
 
 
-async def test_every_kind_in_one_statement_writes_rows_events_and_history(pool: Pool) -> None:
+async def _one_by_one(*writes: Awaitable[Any]) -> list[Any]:
+    """Each written alone: the statement's single-row form."""
+    return [await write for write in writes]
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["in-one-statement", "each-alone"])
+async def test_every_kind_writes_rows_events_and_history(pool: Pool, together: bool) -> None:
     store = RunStore(pool, retry_base_s=0.5)
     assert store.group is not None
     checkpointed, completed, parked, failed, retried = await _claimed(store, 5)
 
-    answers = await _together(
+    answers = await (_together if together else _one_by_one)(
         store.checkpoint(checkpointed, entry("tokenize", ids=[1])),
         store.complete(
             completed,
@@ -109,7 +115,10 @@ async def test_every_kind_in_one_statement_writes_rows_events_and_history(pool: 
     assert answers[:4] == [None, None, None, None], answers
     retry = answers[4]
     assert retry.status == Status.QUEUED and retry.attempt == 1 and retry.max_attempts == 3
-    assert store.group.stats.flushes == 1 and store.group.stats.largest == 5
+    if together:
+        assert store.group.stats.flushes == 1 and store.group.stats.largest == 5
+    else:
+        assert store.group.stats.flushes == 5 and store.group.stats.largest == 1
 
     done = await store.get(completed.job_id)
     assert done.status == Status.COMPLETED and done.result == {"ok": True}

@@ -101,9 +101,19 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
         commits_before = _commits(conn)
 
     pool = await open_pool(dsn, min_size=4, max_size=4)
+    # As a relaying worker has it: a connection of the relay's own, holding
+    # its settings for the session, where the implementation has one.
+    try:
+        from store.outbox import RELAY_SESSION
+    except ImportError:
+        relay_pool = None
+        outbox = Outbox(pool)
+    else:
+        relay_pool = await open_pool(dsn, min_size=1, max_size=1, session=RELAY_SESSION)
+        outbox = Outbox(pool, relay_pool=relay_pool)
     backends_before = await _backend_cpu(pool)
     relay = OutboxRelay(
-        Outbox(pool),
+        outbox,
         producer_config=producer_config(bootstrap),
         topic=topic,
         serializer=event_serializer(registry=None, topic=topic),
@@ -126,6 +136,8 @@ async def _child(dsn: str, bootstrap: str, topic: str, rows: int, batch: int) ->
         backends_after = await _backend_cpu(pool)
     finally:
         await relay.stop()
+        if relay_pool is not None:
+            await relay_pool.close()
         await pool.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(

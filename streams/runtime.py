@@ -46,7 +46,7 @@ from store.definitions import DefinitionStore
 from store.fleet import FleetStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
-from store.outbox import Outbox
+from store.outbox import RELAY_SESSION, Outbox
 from store.pool import Pool, create_pool
 from store.progress import ProgressStore
 from store.records import Job, StepVerifier
@@ -134,6 +134,7 @@ class Runtime(mode.Service):
         )
         self.pool: Pool | None = None
         self.claim_pool: Pool | None = None
+        self.relay_pool: Pool | None = None
         self.runs: RunStore | None = None
         self.definitions: DefinitionStore | None = None
         self.tokens: TokenStore | None = None
@@ -214,6 +215,18 @@ class Runtime(mode.Service):
                 session=CLAIM_SESSION,
             )
             await self.claim_pool.open(wait=False)
+        if "relay" in settings.roles:
+            # The relay's passes are one task too: one connection, holding the
+            # relay's settings for its session (store.outbox.RELAY_SESSION).
+            self.relay_pool = create_pool(
+                settings.database_url,
+                min_size=1,
+                max_size=1,
+                timeout_s=settings.pool_timeout_s,
+                application_name=f"workflow-jobs relay {settings.worker_id}".strip()[:63],
+                session=RELAY_SESSION,
+            )
+            await self.relay_pool.open(wait=False)
         self.runs = RunStore(
             pool,
             claim_pool=self.claim_pool,
@@ -225,7 +238,12 @@ class Runtime(mode.Service):
         )
         self.definitions = DefinitionStore(pool)
         self.tokens = TokenStore(pool)
-        self.outbox = Outbox(pool, lease_s=settings.relay_lease_s, traced=self.tracing is not None)
+        self.outbox = Outbox(
+            pool,
+            lease_s=settings.relay_lease_s,
+            traced=self.tracing is not None,
+            relay_pool=self.relay_pool,
+        )
         self.dead_letters = OutboxDeadLetters(pool)
         self.control = ControlStore(pool, max_event_bytes=settings.max_event_bytes)
         fleet_store = FleetStore(pool)
@@ -330,7 +348,7 @@ class Runtime(mode.Service):
         # grace, a hand-back and the relay's last pass all still had the pool.
         with contextlib.suppress(Exception):
             await self.channels.close()
-        for pool in (self.claim_pool, self.pool):
+        for pool in (self.claim_pool, self.relay_pool, self.pool):
             if pool is not None:
                 with contextlib.suppress(Exception):
                     await pool.close()

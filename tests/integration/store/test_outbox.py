@@ -6,24 +6,59 @@ import asyncio
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from store.outbox import (
     LEASE_PENDING_SQL,
-    RELAY_PLANNER_SETTINGS_SQL,
+    RELAY_SESSION,
+    RELAY_SETTINGS_SQL,
     Outbox,
     OutboxRow,
     Publisher,
     PublishFailure,
     lease_pending_params,
 )
-from store.pool import Pool
+from store.pool import Pool, create_pool
 from store.runs import RunStore
 from tests.integration.store.helpers import entry, submit
 
 TIMED_OUT = PublishFailure("timed out", permanent=False)
+
+
+@pytest.fixture(params=["shared-pool", "relay-connection"])
+async def outbox(request: pytest.FixtureRequest, dsn: str, pool: Pool) -> AsyncIterator[Outbox]:
+    """Each test twice: leases and settles through the shared pool, and through
+    a relay connection holding ``RELAY_SESSION``, as a relaying worker has."""
+    if request.param == "shared-pool":
+        yield Outbox(pool)
+        return
+    relay_pool = create_pool(dsn, min_size=1, max_size=1, session=RELAY_SESSION)
+    await relay_pool.open(wait=True)
+    try:
+        yield Outbox(pool, relay_pool=relay_pool)
+    finally:
+        await relay_pool.close()
+
+
+async def test_a_relay_connection_holds_the_relay_settings_for_its_session(
+    dsn: str, pool: Pool
+) -> None:
+    relay_pool = create_pool(dsn, min_size=1, max_size=1, session=RELAY_SESSION)
+    await relay_pool.open(wait=True)
+    try:
+        async with relay_pool.connection() as conn:
+            for name, value in RELAY_SESSION.items():
+                cursor = await conn.execute("SELECT current_setting(%s)", (name,))
+                assert await cursor.fetchone() == (value,), name
+    finally:
+        await relay_pool.close()
+    # The shared pool's connections keep the server's settings.
+    async with pool.connection() as conn:
+        cursor = await conn.execute("SELECT current_setting('enable_bitmapscan')")
+        assert await cursor.fetchone() == ("on",)
 
 
 async def _ack_all(rows: list[OutboxRow]) -> list[PublishFailure | None]:
@@ -448,7 +483,7 @@ async def test_a_pass_costs_its_batch_not_the_backlog_whatever_the_statistics_sa
 
     async with pool.connection() as conn, conn.transaction(force_rollback=True):
         # The lease exactly as a pass runs it, locks included, rolled back.
-        await conn.execute(RELAY_PLANNER_SETTINGS_SQL)
+        await conn.execute(RELAY_SETTINGS_SQL)
         cursor = await conn.execute(
             ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + LEASE_PENDING_SQL).encode(),
             lease_pending_params(limit),

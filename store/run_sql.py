@@ -143,7 +143,7 @@ _FENCE = f"{LEASE_FENCE} AND cancel_requested_at IS NULL"
 # A worker claims through a connection of its own that holds these settings
 # for its whole session (``CLAIM_SESSION``), so a claim is one statement in
 # autocommit; a store without one sends them with each claim, in its
-# transaction (``CLAIM_PLANNER_SQL``), which costs a pipelined BEGIN, the
+# transaction (``CLAIM_SETTINGS_SQL``), which costs a pipelined BEGIN, the
 # settings and COMMIT around the claim: 1.0 against 0.5 ms a claim, alone
 # (``benchmarks.round_trips``).
 CLAIM_SESSION: dict[str, str] = {
@@ -153,8 +153,19 @@ CLAIM_SESSION: dict[str, str] = {
     # describe a table of a few rows (a new deployment's first burst), where a
     # scan of the whole table looks as cheap to the planner.
     "enable_seqscan": "off",
+    # A claim does not wait for its WAL flush. It publishes nothing, and every
+    # write made under the lease waits for its own flush, which takes the
+    # claim's with it (WAL is flushed in order): no checkpoint, event or end
+    # of the attempt is ever durable while its claim is not. A claim a server
+    # crash loses puts the row back as it was, and the runner that held it
+    # then fails its fence on its next write; its step ran without a
+    # checkpoint, as after a worker crash. What keeps that runner from passing
+    # the fence of a later claim by the same worker is the lease token, which
+    # such a claim cannot repeat (``CLAIM_SQL``). The claims were a fifth of a
+    # drain's WAL flushes, each waited for while runners sat idle.
+    "synchronous_commit": "off",
 }
-CLAIM_PLANNER_SQL = "SELECT " + ", ".join(
+CLAIM_SETTINGS_SQL = "SELECT " + ", ".join(
     f"set_config('{name}', '{value}', true)" for name, value in CLAIM_SESSION.items()
 )
 
@@ -162,6 +173,14 @@ CLAIM_PLANNER_SQL = "SELECT " + ", ".join(
 # claimer holds) and flipped to RUNNING with its lease in the same statement.
 # Each claimed row's definition comes back through its hash, one primary-key
 # lookup per row after the pick: the pick itself is unchanged.
+#
+# The lease token grows with every claim and, past the previous token, is
+# the database clock in microseconds: a claim lost in a server crash (claims
+# do not wait for their WAL flush, see ``CLAIM_SESSION``) returns the row to
+# its old token, and the next claim, made later, takes a token the lost one
+# never had. Counting up by one alone, the same worker's next claim would
+# repeat the lost claim's (worker, attempt, token) exactly, and the fence
+# could not tell the two runners apart.
 #
 # The picked rows are updated through their ids as an array, so the update
 # reads them by primary key whatever the planner guesses. Joined to the pick
@@ -181,7 +200,9 @@ UPDATE workflow_run AS r
        lease_owner = %(worker_id)s,
        lease_until = now() + %(lease_s)s * interval '1 second',
        attempt = r.attempt + 1,
-       lease_token = r.lease_token + 1,
+       lease_token = greatest(
+           r.lease_token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       ),
        claimed_at = now(),
        claimed_checkpoints = jsonb_array_length(r.checkpoints),
        updated_at = now()

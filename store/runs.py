@@ -85,7 +85,7 @@ from store.records import (
 from store.run_sql import (
     ACCEPT_STEP_SQL,
     CHECKPOINT_SQL,
-    CLAIM_PLANNER_SQL,
+    CLAIM_SETTINGS_SQL,
     CLAIM_SQL,
     COMPLETE_SQL,
     COUNT_QUEUED_SQL,
@@ -380,7 +380,7 @@ class RunStore:
             async with self._pool.connection() as conn:
                 # One round trip: BEGIN, the planner settings, the claim, COMMIT.
                 async with conn.pipeline(), conn.transaction():
-                    await conn.execute(CLAIM_PLANNER_SQL, prepare=True)
+                    await conn.execute(CLAIM_SETTINGS_SQL, prepare=True)
                     cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
                 rows = await cursor.fetchall()
         arrived_at = _now()

@@ -98,6 +98,37 @@ async def test_a_settled_job_refuses_its_old_lease(store: RunStore) -> None:
         await store.complete(claimed.lease, result={"n": 2}, verdict="again")
 
 
+async def test_a_claim_lost_in_a_server_crash_is_not_repeated_by_the_next_one(
+    pool: Pool,
+) -> None:
+    # A claim does not wait for its WAL flush, so a server crash can lose it
+    # after its runner started: the row is back as it was before the claim.
+    # The same worker's next claim then holds the same (owner, attempt) pair,
+    # and only the token may tell the lost claim's runner from the new one.
+    store = RunStore(pool)
+    await submit(store)
+    columns = "status, lease_owner, lease_until, attempt, lease_token, claimed_at, updated_at"
+    async with pool.connection() as conn:
+        cursor = await conn.execute(f"SELECT job_id, {columns} FROM workflow_run")
+        before = await cursor.fetchone()
+    assert before is not None
+    lost = await store.claim("w1")
+    assert lost is not None
+    async with pool.connection() as conn:
+        # What recovery leaves of a claim whose commit never reached the disk.
+        await conn.execute(
+            f"UPDATE workflow_run SET ({columns}) = (%s, %s, %s, %s, %s, %s, %s) WHERE job_id = %s",
+            (*before[1:], before[0]),
+        )
+    again = await store.claim("w1")
+    assert again is not None and again.job_id == lost.job_id
+    assert again.lease.attempt == lost.lease.attempt
+    assert again.lease.token > lost.lease.token
+
+    await _assert_every_fenced_write_refused(store, lost.lease)
+    await store.checkpoint(again.lease, entry("tokenize", ids=[1]))
+
+
 async def test_a_handed_back_lease_stays_dead_when_the_same_worker_claims_again(
     pool: Pool,
 ) -> None:

@@ -18,8 +18,8 @@ from psycopg import AsyncConnection
 from store.outbox import LEASE_PENDING_SQL, lease_pending_params
 from store.pool import Pool, create_pool
 from store.run_sql import (
-    CLAIM_PLANNER_SQL,
     CLAIM_SESSION,
+    CLAIM_SETTINGS_SQL,
     CLAIM_SQL,
     COUNT_QUEUED_SQL,
     SELECT_EXHAUSTED_SQL,
@@ -125,7 +125,7 @@ async def test_the_claim_reads_the_index_in_order_when_statistics_say_nothing_is
         cursor = await conn.execute(("EXPLAIN " + CLAIM_SQL).encode(), _CLAIM_PARAMS)
         unguided = "\n".join(str(row[0]) for row in await cursor.fetchall())
         # As a store without a claim connection sends it.
-        await conn.execute(CLAIM_PLANNER_SQL)
+        await conn.execute(CLAIM_SETTINGS_SQL)
         plan, generic = await _claim_plans(conn)
     # Left to the statistics, the claim usually sorts the backlog; the two plans
     # cost within a hair of each other, so which one wins is not fixed, and only
@@ -151,7 +151,7 @@ async def test_the_claim_reads_its_rows_by_key_whatever_the_backlog(pool: Pool) 
         )
         await conn.execute("ANALYZE workflow_run")
         async with conn.transaction():
-            await conn.execute(CLAIM_PLANNER_SQL)
+            await conn.execute(CLAIM_SETTINGS_SQL)
             _, generic = await _claim_plans(conn)
     _reads_the_claim_index_in_order(generic)
     assert "workflow_run_pkey" in generic, generic
@@ -165,6 +165,9 @@ async def test_a_claim_connection_holds_the_planner_settings_for_its_session(
     await claim_pool.open(wait=True)
     try:
         async with claim_pool.connection() as conn:
+            for name, value in CLAIM_SESSION.items():
+                cursor = await conn.execute("SELECT current_setting(%s)", (name,))
+                assert await cursor.fetchone() == (value,), name
             plan, generic = await _claim_plans(conn)
         _reads_the_claim_index_in_order(plan)
         _reads_the_claim_index_in_order(generic)

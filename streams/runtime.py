@@ -203,30 +203,13 @@ class Runtime(mode.Service):
         # away at boot must not keep the worker down; every loop retries.
         await pool.open(wait=False)
         self.pool = pool
+        # The claimer and the relay's passes are one task each, so one
+        # connection each: their own, holding their statements' settings for
+        # the session (store.run_sql.CLAIM_SESSION, store.outbox.RELAY_SESSION).
         if "worker" in settings.roles and settings.claim_loops > 0:
-            # The claimer is one task, so one connection: its own, with the
-            # claim's planner settings for the session (store.run_sql).
-            self.claim_pool = create_pool(
-                settings.database_url,
-                min_size=1,
-                max_size=1,
-                timeout_s=settings.pool_timeout_s,
-                application_name=f"workflow-jobs claims {settings.worker_id}".strip()[:63],
-                session=CLAIM_SESSION,
-            )
-            await self.claim_pool.open(wait=False)
+            self.claim_pool = await _session_connection(settings, "claims", CLAIM_SESSION)
         if "relay" in settings.roles:
-            # The relay's passes are one task too: one connection, holding the
-            # relay's settings for its session (store.outbox.RELAY_SESSION).
-            self.relay_pool = create_pool(
-                settings.database_url,
-                min_size=1,
-                max_size=1,
-                timeout_s=settings.pool_timeout_s,
-                application_name=f"workflow-jobs relay {settings.worker_id}".strip()[:63],
-                session=RELAY_SESSION,
-            )
-            await self.relay_pool.open(wait=False)
+            self.relay_pool = await _session_connection(settings, "relay", RELAY_SESSION)
         self.runs = RunStore(
             pool,
             claim_pool=self.claim_pool,
@@ -564,6 +547,20 @@ class Runtime(mode.Service):
                 return StepVerdict(step_name, False, response, (str(failure),))
 
         return verify
+
+
+async def _session_connection(settings: Settings, use: str, session: Mapping[str, str]) -> Pool:
+    """A pool of one connection that holds ``session``'s settings, opening in the background."""
+    pool = create_pool(
+        settings.database_url,
+        min_size=1,
+        max_size=1,
+        timeout_s=settings.pool_timeout_s,
+        application_name=f"workflow-jobs {use} {settings.worker_id}".strip()[:63],
+        session=session,
+    )
+    await pool.open(wait=False)
+    return pool
 
 
 __all__ = ["Runtime"]

@@ -47,9 +47,9 @@ and end-to-end jobs/s over both, paced submit-to-completion latency
 percentiles (a separate phase after the counters are read: jobs arriving at a
 fixed rate with the worker running, after a second's worth of unmeasured
 ones, each completion seen when its commit's NOTIFY arrives), write
-transactions per job (transaction ids handed out),
-Postgres commits per job (``pg_stat_database.xact_commit`` delta of its
-database), top-level statements per job (``pg_stat_statements``, when loaded),
+transactions per job (transaction ids handed out), Postgres commits per job
+(``pg_stat_database.xact_commit`` delta of its database), top-level
+statements per job (``pg_stat_statements``, when loaded),
 WAL bytes per job (server-wide; only one system runs at a time), CPU
 milliseconds per job of the Python process over both phases (all its threads,
 including librdkafka's), and CPU milliseconds per job of the Postgres server

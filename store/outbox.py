@@ -152,10 +152,9 @@ def lease_pending_params(
 # dies between its publish and its settle: delivery stays at least once. A
 # lost lease cannot be mistaken for a live one (its owner names one pass and
 # never repeats), and the server loses only the newest commits, so what goes
-# out again of a job is the tail of what went, in order. Every commit the
-# relay made waiting for its flush, beside the workers' group commits, queued
-# them behind its own: with the relay on, a checkpoint's statement took 0.5
-# instead of 0.37 ms.
+# out again of a job is the tail of what went, in order. The relay's passes
+# then add no flush waits of their own beside the workers' group commits
+# (benchmarks/README.md, Relay).
 RELAY_SESSION: dict[str, str] = {
     "enable_seqscan": "off",
     "enable_bitmapscan": "off",

@@ -378,7 +378,7 @@ class RunStore:
                 rows = await cursor.fetchall()
         else:
             async with self._pool.connection() as conn:
-                # One round trip: BEGIN, the planner settings, the claim, COMMIT.
+                # One round trip: BEGIN, the claim's settings, the claim, COMMIT.
                 async with conn.pipeline(), conn.transaction():
                     await conn.execute(CLAIM_SETTINGS_SQL, prepare=True)
                     cursor = await conn.execute(CLAIM_SQL, params, prepare=True)

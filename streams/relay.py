@@ -27,8 +27,11 @@ flight, which is what keeps librdkafka's retries from reordering a partition.
 
 The loop sleeps ``interval_s`` when idle and wakes early when ``wake`` is set:
 the process's shared LISTEN connection (``streams.listener``) sets it on every
-outbox NOTIFY. Delivery reports are awaited in a worker thread, so the event
-loop keeps serving the rest of the process while the broker answers.
+outbox NOTIFY. After a pass that found less than a batch, the next one starts
+no sooner than ``linger_s`` after it began, so that under load the events of
+that time go out together (``_linger``). Delivery reports are awaited in a
+worker thread, so the event loop keeps serving the rest of the process while
+the broker answers.
 
 The relay is a mode service. A pass that fails because the store is away is
 retried after the shared backoff (``streams.backoff``); anything else that
@@ -232,6 +235,7 @@ class OutboxRelay(mode.Service):
         serializer: EventSerializer,
         interval_s: float = 0.5,
         batch: int = 100,
+        linger_s: float = 0.0,
         wake: asyncio.Event | None = None,
         name: str = "relay",
         backoff_max_s: float = 30.0,
@@ -247,6 +251,8 @@ class OutboxRelay(mode.Service):
         ``timings``: the publish histogram (``None``, metrics off: nothing is timed)."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
+        if linger_s < 0:
+            raise ValueError("linger_s must not be negative")
         super().__init__(**kwargs)
         self._outbox = outbox
         self._producer_config = dict(producer_config)
@@ -254,6 +260,7 @@ class OutboxRelay(mode.Service):
         self._serializer = serializer
         self._interval_s = interval_s
         self._batch = batch
+        self._linger_s = linger_s
         self._name = name
         self._backoff_max_s = backoff_max_s
         self._stuck_after_s = stuck_after_s
@@ -318,6 +325,7 @@ class OutboxRelay(mode.Service):
         try:
             while not self.should_stop:
                 self._wake.clear()
+                began = time.monotonic()
                 try:
                     result = await self.relay_once()
                 except Exception as exc:
@@ -337,6 +345,7 @@ class OutboxRelay(mode.Service):
                     await self._back_off()
                 elif result.fetched < self._batch:
                     await self._idle(self._interval_s)
+                    await self._linger(began)
         finally:
             await self._close()
 
@@ -359,6 +368,20 @@ class OutboxRelay(mode.Service):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def _linger(self, began: float) -> None:
+        """After a pass that found less than a batch, start the next one no sooner
+        than ``linger_s`` after that pass began, however early a NOTIFY woke the relay.
+
+        While jobs run, nearly every commit wakes the relay, and a pass costs the
+        broker one produce request per partition (librdkafka puts one partition
+        in each) and the store a lease and a settle, whatever its size. Waiting
+        lets the events of that time share one pass; a relay that has been idle
+        for longer than ``linger_s`` goes at once, and a full batch never waits.
+        """
+        remaining = self._linger_s - (time.monotonic() - began)
+        if remaining > 0 and not self.should_stop:
+            await self.sleep(remaining)
 
     async def _close(self) -> None:
         producer, self._producer = self._producer, None
@@ -736,6 +759,7 @@ def build_relay(
         serializer=serializer,
         interval_s=settings.relay_interval_s,
         batch=settings.relay_batch,
+        linger_s=settings.relay_linger_ms / 1000,
         wake=wake,
         name=name or f"relay-{settings.worker_id or 'anonymous'}",
         backoff_max_s=settings.relay_backoff_max_s,

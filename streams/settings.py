@@ -201,6 +201,9 @@ class Settings:
     # two round trips and one wait for the broker whatever its size, so a
     # backlog drains about twice as fast at 500 as at 100 (benchmarks/README.md).
     relay_batch: int = field(default=500, metadata={"env": "WFJOBS_RELAY_BATCH"})
+    # The least time from one pass's start to the next one's, unless a pass
+    # found a full batch: the events of that time share one pass.
+    relay_linger_ms: int = field(default=50, metadata={"env": "WFJOBS_RELAY_LINGER_MS"})
     # The producer's delivery deadline: how long a pass waits before it learns
     # that the broker is away (a transient fault, which spends no attempt).
     relay_message_timeout_ms: int = field(
@@ -443,6 +446,10 @@ class Settings:
             raise SettingsError(
                 "WFJOBS_RELAY_LEASE_S must be longer than WFJOBS_RELAY_MESSAGE_TIMEOUT_MS: "
                 "a lease that runs out mid-publish hands the rows to another relay"
+            )
+        if self.relay_linger_ms < 0:
+            raise SettingsError(
+                f"WFJOBS_RELAY_LINGER_MS must not be negative, got {self.relay_linger_ms}"
             )
         if self.retention_pause_s < 0:
             raise SettingsError(

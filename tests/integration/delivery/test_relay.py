@@ -523,3 +523,83 @@ async def test_notify_wakes_an_idle_relay(
         await listener.stop()
     messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 1)
     assert EventDecoder().decode(messages[0].value()).job_id == str(job_id)
+
+
+class PassClock:
+    """The real outbox, noting when each pass starts and ends and how many rows it leased."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self.passes: list[tuple[float, float, int]] = []
+
+    async def relay_batch(
+        self, publish: Publish, limit: int = 100, *, owner: str = "relay"
+    ) -> RelayResult:
+        started = time.monotonic()
+        result = await self._outbox.relay_batch(publish, limit, owner=owner)
+        self.passes.append((started, time.monotonic(), result.fetched))
+        return result
+
+    async def backlog(self) -> Backlog:
+        return await self._outbox.backlog()
+
+
+async def test_a_woken_relay_lingers_after_a_partial_pass_but_not_after_a_full_one(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    clock = PassClock(store.outbox)
+    wake = asyncio.Event()
+    relay = OutboxRelay(
+        clock,
+        producer_config=producer_config(kafka_bootstrap),
+        topic=topic,
+        serializer=event_serializer(registry=None, topic=topic),
+        interval_s=60.0,
+        batch=2,
+        linger_s=1.0,
+        wake=wake,
+    )
+    await relay.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not clock.passes:  # its first pass, empty, before any row
+            assert time.monotonic() < deadline, "the relay never made its first pass"
+            await asyncio.sleep(0.02)
+        # Five rows at once: two full passes back to back, then a partial one.
+        for _ in range(5):
+            await submit(store)
+        wake.set()
+        while await store.outbox.pending_count():
+            assert time.monotonic() < deadline, "the relay did not drain"
+            await asyncio.sleep(0.02)
+        # A row arrives and its NOTIFY wakes the relay at once, right after the partial pass.
+        await submit(store)
+        woken = time.monotonic()
+        wake.set()
+        while await store.outbox.pending_count():
+            assert time.monotonic() < deadline, "the relay did not publish the late row"
+            await asyncio.sleep(0.02)
+    finally:
+        await relay.stop()
+    published = [entry for entry in clock.passes if entry[2]]
+    assert [fetched for _, _, fetched in published] == [2, 2, 1, 1], clock.passes
+    (_, first_end, _), (second_start, second_end, _), (third_start, _, _) = published[:3]
+    # After a full pass the next one starts at once, linger or not.
+    assert second_start - first_end < 0.5, clock.passes
+    assert third_start - second_end < 0.5, clock.passes
+    # The late row waited until a second after the partial pass began, and no longer.
+    last_start = published[3][0]
+    assert last_start - third_start >= 1.0, clock.passes
+    assert last_start - woken < 2.0, clock.passes
+
+
+def test_a_relay_refuses_a_negative_linger() -> None:
+    with pytest.raises(ValueError, match="linger_s"):
+        OutboxRelay(
+            SlowPass(None),  # type: ignore[arg-type]
+            producer_config=producer_config("127.0.0.1:9"),
+            topic="t",
+            serializer=event_serializer(registry=None, topic="t"),
+            linger_s=-0.1,
+        )

@@ -55,6 +55,7 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_MAX_EVENT_BYTES": "1000"}, "WFJOBS_MAX_EVENT_BYTES must be at least 16384"),
         ({"WFJOBS_EVENT_FORMAT": "avro"}, "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY"),
         ({"WFJOBS_AUTH": "maybe"}, "WFJOBS_AUTH must be 'on' or 'off', got 'maybe'"),
+        ({"WFJOBS_RELAY_LINGER_MS": "-1"}, "WFJOBS_RELAY_LINGER_MS must not be negative"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None:

@@ -507,7 +507,15 @@ class ClaimLoops(mode.Service):
         )
         holding.segment = segment
         lost = asyncio.Event()
-        beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
+        beats: list[asyncio.Task[None]] = []
+        # The first renewal is due a heartbeat after the start, so the task
+        # starts then: the many segments that end sooner never make one.
+        first_beat = asyncio.get_running_loop().call_later(
+            self._heartbeat_s,
+            lambda: beats.append(
+                asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
+            ),
+        )
         begun = self._clock()
         try:
             try:
@@ -515,9 +523,11 @@ class ClaimLoops(mode.Service):
             finally:
                 ended = self._clock()
                 holding.end(ended)
+                first_beat.cancel()
                 if self._timings is not None:
                     self._timings.segment_duration.labels(job.workflow_name).observe(ended - begun)
-                await self._let_heartbeat_finish(beat, lease)
+                for beat in beats:
+                    await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and not current.cancelling():
@@ -652,18 +662,22 @@ class ClaimLoops(mode.Service):
             )
 
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
-        """Renew the lease every ``heartbeat_s`` until the segment ends or stalls.
+        """Renew the lease now, then every ``heartbeat_s``, until the segment ends or stalls.
 
-        The end is awaited as an event, never delivered as a cancellation: see
-        the module docstring. A renewal in flight when the segment ends
-        finishes (or fails) on its own, and the loop stops right after it.
+        Started a heartbeat after the segment (``_run_held``). The end is
+        awaited as an event, never delivered as a cancellation: see the module
+        docstring. A renewal in flight when the segment ends finishes (or
+        fails) on its own, and the loop stops right after it.
         """
         lease = holding.lease
         failures = 0
+        first = True
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._heartbeat_s):
-                    await holding.ended.wait()
+            if not first:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._heartbeat_s):
+                        await holding.ended.wait()
+            first = False
             if holding.ended.is_set() or holding.stalled_at is not None:
                 return
             try:

@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -15,7 +16,7 @@ from google.protobuf.message import Message
 from store.channels import JOBS_QUEUED_CHANNEL
 from store.pool import Pool
 from store.progress import ProgressStore
-from store.records import Lease
+from store.records import Lease, SegmentProgress
 from store.runs import RunStore
 from streams.claims import ClaimLoops
 from streams.listener import Listener
@@ -332,6 +333,49 @@ async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
     assert sweeper.sweeps > 10 and sweeper.requeued == 0
     assert loops.stats.lease_lost == 0
     assert calls[TOKENIZE] == 1
+
+
+class RenewalClock(RunStore):
+    """The run store, noting when each lease renewal was asked for."""
+
+    renewals: list[float]
+
+    async def extend_lease(
+        self, lease: Lease, progress: SegmentProgress | None = None
+    ) -> datetime | None:
+        self.renewals.append(time.monotonic())
+        return await super().extend_lease(lease, progress)
+
+
+async def test_the_first_renewal_comes_a_heartbeat_in_and_a_shorter_segment_makes_none(
+    pool: Pool,
+) -> None:
+    calls = CallLog()
+    runs = RenewalClock(pool, retry_base_s=0.05, lease_s=5.0)
+    runs.renewals = []
+    harness = Harness(runs, make_registry(calls), calls)
+    loops = harness.loops(loops=1, heartbeat_s=0.4)
+    await loops.start()
+    try:
+        short = await harness.submit(envelope(name="short", review=None), {"text": "quick"})
+        assert (await harness.wait_status(short, "COMPLETED", "FAILED", "DEAD")).status == (
+            "COMPLETED"
+        )
+        await asyncio.sleep(0.6)  # past the heartbeat a still-pending renewal would have taken
+        assert runs.renewals == []
+        started = time.monotonic()
+        long = await harness.submit(
+            envelope(name="long", review="invoke"), {"text": "long step", "delay_ms": 1200}
+        )
+        job = await harness.wait_status(long, "COMPLETED", "FAILED", "DEAD", timeout_s=15)
+    finally:
+        await loops.stop()
+    assert job.status == "COMPLETED", job
+    # A step of 1.2 s: renewals at about 0.4 and 0.8 s into it.
+    assert len(runs.renewals) >= 2, runs.renewals
+    first, second = runs.renewals[0] - started, runs.renewals[1] - runs.renewals[0]
+    assert 0.35 <= first < 0.7, runs.renewals
+    assert 0.35 <= second < 0.8, runs.renewals
 
 
 async def test_a_response_the_database_refuses_fails_the_job_instead_of_looping(

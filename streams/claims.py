@@ -507,15 +507,15 @@ class ClaimLoops(mode.Service):
         )
         holding.segment = segment
         lost = asyncio.Event()
-        beats: list[asyncio.Task[None]] = []
+        beat: asyncio.Task[None] | None = None
+
+        def start_heartbeat() -> None:
+            nonlocal beat
+            beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
+
         # The first renewal is due a heartbeat after the start, so the task
         # starts then: the many segments that end sooner never make one.
-        first_beat = asyncio.get_running_loop().call_later(
-            self._heartbeat_s,
-            lambda: beats.append(
-                asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
-            ),
-        )
+        first_beat = asyncio.get_running_loop().call_later(self._heartbeat_s, start_heartbeat)
         begun = self._clock()
         try:
             try:
@@ -526,7 +526,7 @@ class ClaimLoops(mode.Service):
                 first_beat.cancel()
                 if self._timings is not None:
                     self._timings.segment_duration.labels(job.workflow_name).observe(ended - begun)
-                for beat in beats:
+                if beat is not None:
                     await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -671,20 +671,11 @@ class ClaimLoops(mode.Service):
         """
         lease = holding.lease
         failures = 0
-        first = True
-        while True:
-            if not first:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._heartbeat_s):
-                        await holding.ended.wait()
-            first = False
-            if holding.ended.is_set() or holding.stalled_at is not None:
-                return
+        while not holding.ended.is_set() and holding.stalled_at is None:
             try:
                 cancel_requested_at = await self._runs.extend_lease(
                     lease, holding.report(self._clock())
                 )
-                failures = 0
             except LeaseLost as exc:
                 if holding.ended.is_set():
                     return
@@ -704,17 +695,21 @@ class ClaimLoops(mode.Service):
                     failures,
                     exc,
                 )
-                continue
-            if cancel_requested_at is not None and not holding.ended.is_set():
-                log.info(
-                    "job %s: cancel requested at %s; stopping its segment",
-                    lease.job_id,
-                    cancel_requested_at.isoformat(),
-                )
-                holding.cancel_requested = True
-                if holding.segment is not None:
-                    holding.segment.cancel()
-                return
+            else:
+                failures = 0
+                if cancel_requested_at is not None and not holding.ended.is_set():
+                    log.info(
+                        "job %s: cancel requested at %s; stopping its segment",
+                        lease.job_id,
+                        cancel_requested_at.isoformat(),
+                    )
+                    holding.cancel_requested = True
+                    if holding.segment is not None:
+                        holding.segment.cancel()
+                    return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._heartbeat_s):
+                    await holding.ended.wait()
 
     async def _let_heartbeat_finish(self, beat: asyncio.Task[None], lease: Lease) -> None:
         """Wait for the heartbeat to notice the segment's end, at most ``heartbeat_s``."""

@@ -27,9 +27,9 @@ flight, which is what keeps librdkafka's retries from reordering a partition.
 
 The loop sleeps ``interval_s`` when idle and wakes early when ``wake`` is set:
 the process's shared LISTEN connection (``streams.listener``) sets it on every
-outbox NOTIFY. After a pass that found less than a batch, the next one starts
-no sooner than ``linger_s`` after it began, so that under load the events of
-that time go out together (``_linger``). Delivery reports are awaited in a
+outbox NOTIFY. After a pass that found some rows but less than a batch, the
+next one starts no sooner than ``linger_s`` after it began, so that under load
+the events of that time go out together (``_linger``). Delivery reports are awaited in a
 worker thread, so the event loop keeps serving the rest of the process while
 the broker answers.
 
@@ -345,7 +345,8 @@ class OutboxRelay(mode.Service):
                     await self._back_off()
                 elif result.fetched < self._batch:
                     await self._idle(self._interval_s)
-                    await self._linger(began)
+                    if result.fetched:
+                        await self._linger(began)
         finally:
             await self._close()
 
@@ -370,14 +371,16 @@ class OutboxRelay(mode.Service):
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
 
     async def _linger(self, began: float) -> None:
-        """After a pass that found less than a batch, start the next one no sooner
-        than ``linger_s`` after that pass began, however early a NOTIFY woke the relay.
+        """After a pass that found some rows but less than a batch, start the next
+        one no sooner than ``linger_s`` after that pass began, however early a
+        NOTIFY woke the relay.
 
         While jobs run, nearly every commit wakes the relay, and a pass costs the
         broker one produce request per partition (librdkafka puts one partition
         in each) and the store a lease and a settle, whatever its size. Waiting
-        lets the events of that time share one pass; a relay that has been idle
-        for longer than ``linger_s`` goes at once, and a full batch never waits.
+        lets the events of that time share one pass. The first event after a
+        pass that found nothing, or after ``linger_s`` without a pass, goes at
+        once; a full batch never waits.
         """
         remaining = self._linger_s - (time.monotonic() - began)
         if remaining > 0 and not self.should_stop:

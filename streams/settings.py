@@ -201,8 +201,8 @@ class Settings:
     # two round trips and one wait for the broker whatever its size, so a
     # backlog drains about twice as fast at 500 as at 100 (benchmarks/README.md).
     relay_batch: int = field(default=500, metadata={"env": "WFJOBS_RELAY_BATCH"})
-    # The least time from one pass's start to the next one's, unless a pass
-    # found a full batch: the events of that time share one pass.
+    # After a pass that found some rows but not a full batch, the least time
+    # from its start to the next pass's: the events of that time share one pass.
     relay_linger_ms: int = field(default=50, metadata={"env": "WFJOBS_RELAY_LINGER_MS"})
     # The producer's delivery deadline: how long a pass waits before it learns
     # that the broker is away (a transient fault, which spends no attempt).

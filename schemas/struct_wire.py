@@ -11,7 +11,8 @@ The encoding follows ``Struct.update`` exactly, type check for type check; any
 value it would treat differently or refuse (a key that is not a string, a Struct
 or ListValue message, an integer too large for a double, text that is not valid
 UTF-8) sends the whole mapping back to ``Struct.update``, which then behaves as
-it always did.
+it always did. Keys go in the order deterministic serialization writes them, so
+the bytes are also those of a serialized event's Struct (``schemas.event_wire``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ _REFUSALS = (_Unencodable, UnicodeEncodeError, OverflowError, RecursionError)
 _SHORT_LENGTHS = tuple(bytes((size,)) for size in range(0x80))
 
 
-def _length(size: int) -> bytes:
+def varint(size: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
     if size < 0x80:
         return _SHORT_LENGTHS[size]
     out = bytearray()
@@ -65,7 +67,7 @@ def _length(size: int) -> bytes:
 
 
 def _delimited(tag: bytes, payload: bytes) -> bytes:
-    return tag + _length(len(payload)) + payload
+    return tag + varint(len(payload)) + payload
 
 
 # A list element holding a number: the entry tag, the Value's length (9), the
@@ -101,19 +103,35 @@ def _elements(items: list[Any] | tuple[Any, ...]) -> bytes:
         elif kind is int:
             parts.append(_NUMBER_ENTRY + _DOUBLE(float(item)))
         elif kind is str:
-            text = _delimited(_STRING, item.encode())
-            parts.append(_ENTRY + _length(len(text)) + text)
+            raw = item.encode()
+            size = len(raw)
+            if size < 0x7E:
+                # A word: both lengths fit a byte, so no varint is worked out.
+                parts.append(
+                    _ENTRY + _SHORT_LENGTHS[size + 2] + _STRING + _SHORT_LENGTHS[size] + raw
+                )
+            else:
+                text = _delimited(_STRING, raw)
+                parts.append(_ENTRY + varint(len(text)) + text)
         else:
             parts.append(_delimited(_ENTRY, _value(item)))
     return b"".join(parts)
 
 
+def _serialized_order(key: str) -> bytes:
+    # Deterministic serialization orders map keys by their bytes, a key that
+    # another begins with after that other; no UTF-8 byte is 0xFF.
+    return key.encode() + b"\xff"
+
+
 def _fields(mapping: Mapping[Any, Any]) -> bytes:
-    """The bytes of a ``Struct`` message's fields."""
-    entries = []
-    for key, value in mapping.items():
+    """The bytes of a ``Struct`` message's fields, keys in order."""
+    for key in mapping:
         if not isinstance(key, str):
             raise _Unencodable
+    entries = []
+    for key in sorted(mapping, key=_serialized_order):
+        value = mapping[key]
         entry = _delimited(_ENTRY_KEY, key.encode()) + _delimited(_ENTRY_VALUE, _value(value))
         entries.append(_delimited(_ENTRY, entry))
     return b"".join(entries)

@@ -50,6 +50,7 @@ from schemas.contract import (
     refuse_oversize,
 )
 from schemas.errors import InvalidArgument, LeaseLost, NotFound
+from schemas.event_wire import completed_bytes, step_checkpoint_bytes
 from store.deadline_sql import (
     DEADLINE_FAIL_SQL,
     SELECT_JOB_DEADLINES_SQL,
@@ -130,6 +131,11 @@ def _summary(row: Sequence[Any]) -> JobSummary:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+# Read once: each attribute of the enum wrapper is a Python-level lookup.
+_STEP_CHECKPOINT = EventType.TYPE_STEP_CHECKPOINT
+_COMPLETED = EventType.TYPE_COMPLETED
 
 
 def _event_name(event_type: int) -> str:
@@ -437,27 +443,41 @@ class RunStore:
 
     async def checkpoint(self, lease: Lease, entry: Mapping[str, Any]) -> None:
         """Append one step's entry to ``checkpoints`` with its STEP_CHECKPOINT event."""
-        stored, event = self._checkpoint_of(lease, entry)
+        stored, payload = self._checkpoint_of(lease, entry)
         what = f"checkpoint step {stored.obj['name']!r}"
         if self.group is not None:
-            values = {"entry": stored, "payload": self._encode(event)}
+            values = {"entry": stored, "payload": payload}
             await self._grouped(Kind.CHECKPOINT, lease, values, what)
             return
-        await self._commit_point(CHECKPOINT_SQL, lease, event, {"entry": stored}, what)
+        await self._commit_point(
+            CHECKPOINT_SQL, lease, _STEP_CHECKPOINT, payload, {"entry": stored}, what
+        )
 
-    def _checkpoint_of(
-        self, lease: Lease, entry: Mapping[str, Any]
-    ) -> tuple[Jsonb, WorkflowRunEvent]:
-        """A checkpoint entry as the row keeps it, and its STEP_CHECKPOINT event."""
+    def _checkpoint_of(self, lease: Lease, entry: Mapping[str, Any]) -> tuple[Jsonb, bytes]:
+        """A checkpoint entry as the row keeps it, and its STEP_CHECKPOINT event's bytes."""
         name, skipped, response = _check_entry(entry)
-        event = _lease_event(
-            lease,
-            EventType.TYPE_STEP_CHECKPOINT,
+        occurred_at = _now()
+        payload = step_checkpoint_bytes(
+            job_id=lease.job_id,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=occurred_at,
             step_name=name,
             response=response,
             skipped=skipped,
         )
-        return Jsonb({"name": name, "skipped": skipped, "response": response}), event
+        if payload is None or len(payload) > self.max_event_bytes:
+            # The message decides, and words any refusal.
+            event = _lease_event(
+                lease,
+                _STEP_CHECKPOINT,
+                occurred_at=occurred_at,
+                step_name=name,
+                response=response,
+                skipped=skipped,
+            )
+            payload = self._encode(event)
+        return Jsonb({"name": name, "skipped": skipped, "response": response}), payload
 
     async def park(
         self,
@@ -489,7 +509,7 @@ class RunStore:
                 Kind.PARK, lease, {**values, "payload": self._encode(event)}, "park"
             )
             return
-        await self._commit_point(PARK_SQL, lease, event, values, "park")
+        await self._commit_point(PARK_SQL, lease, event.type, self._encode(event), values, "park")
 
     async def complete(
         self,
@@ -510,24 +530,46 @@ class RunStore:
         stored: Jsonb | None = None
         entry_payload: bytes | None = None
         if last_checkpoint is not None:
-            stored, entry_event = self._checkpoint_of(lease, last_checkpoint)
-            entry_payload = self._encode(entry_event)
+            stored, entry_payload = self._checkpoint_of(lease, last_checkpoint)
             if self.group is None:
                 await self.checkpoint(lease, last_checkpoint)
-        event = _lease_event(lease, EventType.TYPE_COMPLETED, verdict=verdict, result=result)
+        payload = self._completed_payload(lease, verdict, result)
         if self.group is not None:
             values = {
                 "entry": stored,
                 "entry_payload": entry_payload,
                 "result": Jsonb(result),
                 "verdict": verdict,
-                "payload": self._encode(event),
+                "payload": payload,
             }
             await self._grouped(Kind.COMPLETE, lease, values, what)
             return
         await self._commit_point(
-            COMPLETE_SQL, lease, event, {"result": Jsonb(result), "verdict": verdict}, what
+            COMPLETE_SQL,
+            lease,
+            _COMPLETED,
+            payload,
+            {"result": Jsonb(result), "verdict": verdict},
+            what,
         )
+
+    def _completed_payload(self, lease: Lease, verdict: str, result: dict[str, Any]) -> bytes:
+        """The COMPLETED event's bytes."""
+        occurred_at = _now()
+        payload = completed_bytes(
+            job_id=lease.job_id,
+            workflow_name=lease.workflow_name,
+            attempt=lease.attempt,
+            occurred_at=occurred_at,
+            verdict=verdict,
+            result=result,
+        )
+        if payload is None or len(payload) > self.max_event_bytes:
+            event = _lease_event(
+                lease, _COMPLETED, occurred_at=occurred_at, verdict=verdict, result=result
+            )
+            payload = self._encode(event)
+        return payload
 
     async def fail(self, lease: Lease, *, error: str = "", verdict: str = "") -> None:
         """FAILED: a verdict (the violations) or a non-retryable error, recorded verbatim.
@@ -548,7 +590,7 @@ class RunStore:
             values["payload"] = self._encode(event)
             await self._grouped(Kind.FAIL, lease, values, "fail")
             return
-        await self._commit_point(FAIL_SQL, lease, event, values, "fail")
+        await self._commit_point(FAIL_SQL, lease, event.type, self._encode(event), values, "fail")
 
     async def retry_or_die(
         self, lease: Lease, error: str, *, error_class: ErrorClass = ErrorClass.RETRYABLE
@@ -641,11 +683,11 @@ class RunStore:
         self,
         statement: str,
         lease: Lease,
-        event: WorkflowRunEvent,
+        event_type: int,
+        payload: bytes,
         params: dict[str, Any],
         what: str,
     ) -> None:
-        payload = self._encode(event)
         async with self._pool.connection() as conn:
             try:
                 cursor = await conn.execute(
@@ -653,7 +695,7 @@ class RunStore:
                     {
                         **_fence(lease),
                         **params,
-                        "event_type": _event_name(event.type),
+                        "event_type": _event_name(event_type),
                         "payload": payload,
                     },
                 )
@@ -1033,14 +1075,16 @@ class RunStore:
         return JobPage(jobs=jobs, next_page_token=token)
 
 
-def _lease_event(lease: Lease, event_type: int, **fields: Any) -> WorkflowRunEvent:
-    """The event of a commit point made under ``lease``, stamped now."""
+def _lease_event(
+    lease: Lease, event_type: int, *, occurred_at: datetime | None = None, **fields: Any
+) -> WorkflowRunEvent:
+    """The event of a commit point made under ``lease``, stamped now unless told when."""
     return build_event(
         job_id=lease.job_id,
         event_type=event_type,
         workflow_name=lease.workflow_name,
         attempt=lease.attempt,
-        occurred_at=_now(),
+        occurred_at=occurred_at or _now(),
         **fields,
     )
 

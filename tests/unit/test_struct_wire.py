@@ -70,3 +70,8 @@ def test_set_timestamp_matches_from_datetime(moment: datetime) -> None:
     expected.FromDatetime(moment)
     set_timestamp(got, moment)
     assert (got.seconds, got.nanos) == (expected.seconds, expected.nanos)
+
+
+def test_list_words_either_side_of_a_one_byte_length_encode_as_struct_update_does() -> None:
+    words = ["x" * size for size in (0, 1, 124, 125, 126, 127, 128, 300)] + ["é" * 63]
+    assert _outcome(fill_struct, {"words": words}) == _outcome(Struct.update, {"words": words})

@@ -1,0 +1,139 @@
+"""The wire-written STEP_CHECKPOINT and COMPLETED events are the message path's bytes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import event_wire
+from schemas.contract import EventType, build_event, encode_event
+from schemas.event_wire import completed_bytes, step_checkpoint_bytes
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.floats()
+    | st.text(max_size=6)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+mappings = st.dictionaries(st.text(max_size=6), json_values, max_size=5)
+names = st.text(max_size=12)
+attempts = st.integers(min_value=-2, max_value=2**31 + 2)
+moments = st.datetimes(
+    min_value=datetime(1960, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)
+) | st.datetimes(timezones=st.just(timezone(timedelta(hours=2))))
+
+
+def _message_bytes(**fields: Any) -> bytes | None:
+    """What the message path stores, or None where it refuses."""
+    try:
+        return encode_event(build_event(**fields))
+    except Exception:
+        return None
+
+
+def test_the_event_types_are_the_contracts() -> None:
+    assert event_wire.STEP_CHECKPOINT == EventType.TYPE_STEP_CHECKPOINT
+    assert event_wire.COMPLETED == EventType.TYPE_COMPLETED
+
+
+@settings(max_examples=400, deadline=None)
+@given(names, attempts, moments, names, mappings, st.booleans())
+def test_a_step_checkpoint_is_the_message_paths_bytes_or_left_to_it(
+    workflow: str,
+    attempt: int,
+    moment: datetime,
+    step: str,
+    response: dict[str, Any],
+    skipped: bool,
+) -> None:
+    job_id = uuid.uuid4()
+    fast = step_checkpoint_bytes(
+        job_id=job_id,
+        workflow_name=workflow,
+        attempt=attempt,
+        occurred_at=moment,
+        step_name=step,
+        response=response,
+        skipped=skipped,
+    )
+    if fast is None:
+        return
+    assert fast == _message_bytes(
+        job_id=job_id,
+        event_type=EventType.TYPE_STEP_CHECKPOINT,
+        workflow_name=workflow,
+        attempt=attempt,
+        occurred_at=moment,
+        step_name=step,
+        response=response,
+        skipped=skipped,
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(names, attempts, moments, names, mappings)
+def test_a_completed_event_is_the_message_paths_bytes_or_left_to_it(
+    workflow: str, attempt: int, moment: datetime, verdict: str, result: dict[str, Any]
+) -> None:
+    job_id = uuid.uuid4()
+    fast = completed_bytes(
+        job_id=job_id,
+        workflow_name=workflow,
+        attempt=attempt,
+        occurred_at=moment,
+        verdict=verdict,
+        result=result,
+    )
+    if fast is None:
+        return
+    assert fast == _message_bytes(
+        job_id=job_id,
+        event_type=EventType.TYPE_COMPLETED,
+        workflow_name=workflow,
+        attempt=attempt,
+        occurred_at=moment,
+        verdict=verdict,
+        result=result,
+    )
+
+
+def test_ordinary_events_take_the_wire_path_and_doubtful_ones_do_not() -> None:
+    now = datetime.now(UTC)
+    job_id = uuid.uuid4()
+    common: dict[str, Any] = {
+        "job_id": job_id,
+        "workflow_name": "w",
+        "attempt": 1,
+        "occurred_at": now,
+    }
+    response = {"tokens": ["a", "b"], "ids": [1, 2], "nested": {"z": None, "a": [True, 1.5]}}
+    assert step_checkpoint_bytes(**common, step_name="s", response=response, skipped=False)
+    assert completed_bytes(**common, verdict="done", result={"x": 1})
+    # Each of these the message path must decide (and may refuse, with its words).
+    assert step_checkpoint_bytes(**common, step_name="", response=response, skipped=False) is None
+    assert step_checkpoint_bytes(**common, step_name="s", response={}, skipped=False) is None
+    assert (
+        step_checkpoint_bytes(**common, step_name="\ud800", response=response, skipped=False)
+        is None
+    )
+    assert completed_bytes(**common, verdict="", result={"x": 1}) is None
+    assert completed_bytes(**common, verdict="done", result={"x": 2**2000}) is None
+    assert completed_bytes(**{**common, "workflow_name": ""}, verdict="v", result={"x": 1}) is None
+    assert completed_bytes(**{**common, "attempt": -1}, verdict="v", result={"x": 1}) is None
+    assert completed_bytes(**{**common, "attempt": 2**31}, verdict="v", result={"x": 1}) is None
+    local = now.astimezone(timezone(timedelta(hours=1)))
+    assert completed_bytes(**{**common, "occurred_at": local}, verdict="v", result={"x": 1}) is None
+    early = datetime(1969, 12, 31, tzinfo=UTC)
+    assert completed_bytes(**{**common, "occurred_at": early}, verdict="v", result={"x": 1}) is None

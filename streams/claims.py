@@ -525,7 +525,8 @@ class ClaimLoops(mode.Service):
                 holding.end(ended)
                 first_beat.cancel()
                 if self._timings is not None:
-                    self._timings.segment_duration.labels(job.workflow_name).observe(ended - begun)
+                    timings = self._timings
+                    timings.observe(timings.segment_duration, (job.workflow_name,), ended - begun)
                 if beat is not None:
                     await self._let_heartbeat_finish(beat, lease)
         except asyncio.CancelledError:
@@ -639,11 +640,12 @@ class ClaimLoops(mode.Service):
 
         on_step: StepTimer | None = None
         if self._timings is not None:
-            steps = self._timings.step_duration
+            timings = self._timings
             workflow_name = claimed.job.workflow_name
 
             def on_step(name: str, seconds: float, answered: bool) -> None:
-                steps.labels(workflow_name, name, "ok" if answered else "error").observe(seconds)
+                labels = (workflow_name, name, "ok" if answered else "error")
+                timings.observe(timings.step_duration, labels, seconds)
 
         async with self._slot(step):
             holding.progressed(self._clock())
@@ -1050,7 +1052,7 @@ def _observe_claims(timings: ClaimTimings, claimed: list[ClaimedJob]) -> None:
         job = item.job
         if job.claimed_at is not None:
             waited = (job.claimed_at - job.run_after).total_seconds()
-            timings.claim_latency.labels(job.workflow_name).observe(max(waited, 0.0))
+            timings.observe(timings.claim_latency, (job.workflow_name,), max(waited, 0.0))
 
 
 def _stall_failure(holding: _Holding) -> StepFailure:

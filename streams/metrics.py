@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -243,6 +243,19 @@ class ClaimTimings:
     claim_latency: Histogram
     segment_duration: Histogram
     step_duration: Histogram
+    # Each labelled child, looked up once: ``labels()`` validates and locks on
+    # every call, and a job observes five of them.
+    _children: dict[tuple[int, tuple[str, ...]], Histogram] = field(
+        default_factory=dict, repr=False
+    )
+
+    def observe(self, histogram: Histogram, labels: tuple[str, ...], seconds: float) -> None:
+        """``histogram.labels(*labels).observe(seconds)``, the child found once."""
+        key = (id(histogram), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = histogram.labels(*labels)
+        child.observe(seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,7 @@ CLAIM_SETTINGS_SQL = "SELECT " + ", ".join(
     f"set_config('{name}', '{value}', true)" for name, value in CLAIM_SESSION.items()
 )
 
+
 # The claim, whole: the oldest eligible row is locked (skipping rows another
 # claimer holds) and flipped to RUNNING with its lease in the same statement.
 # Each claimed row's definition comes back through its hash, one primary-key
@@ -188,7 +189,8 @@ CLAIM_SETTINGS_SQL = "SELECT " + ", ".join(
 # instead, the generic plan (which cannot know the limit) guessed a tenth of
 # the backlog claimed at once and hashed the pick against a scan of the whole
 # table: 27 ms a claim with 100 000 jobs queued, against 0.4 ms.
-CLAIM_SQL = f"""
+def _claim_sql(definition: str = "") -> str:
+    return f"""
 WITH picked AS (
     SELECT job_id FROM workflow_run
      WHERE status = {status_literal(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
@@ -208,7 +210,17 @@ UPDATE workflow_run AS r
        claimed_checkpoints = jsonb_array_length(r.checkpoints),
        updated_at = now()
  WHERE r.job_id = ANY (ARRAY(SELECT job_id FROM picked))
-RETURNING {job_columns("r")}, r.lease_token
+RETURNING {job_columns("r", definition=definition)}, r.lease_token
+"""
+
+
+CLAIM_SQL = _claim_sql()
+# The same claim for a worker that compiled most definitions already: no
+# snapshot is read, sent or parsed per job; the few it lacks it reads by hash
+# (SELECT_SNAPSHOTS_SQL).
+CLAIM_WITHOUT_DEFINITIONS_SQL = _claim_sql(definition="NULL::jsonb")
+SELECT_SNAPSHOTS_SQL = """
+SELECT hash, definition FROM workflow_definition_snapshot WHERE hash = ANY (%(hashes)s::text[])
 """
 
 # --------------------------------------------------------------------------- fenced writes

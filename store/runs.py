@@ -30,7 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Unpack
 from uuid import UUID
@@ -88,6 +88,7 @@ from store.run_sql import (
     CHECKPOINT_SQL,
     CLAIM_SETTINGS_SQL,
     CLAIM_SQL,
+    CLAIM_WITHOUT_DEFINITIONS_SQL,
     COMPLETE_SQL,
     COUNT_QUEUED_SQL,
     EXTEND_LEASE_SQL,
@@ -101,6 +102,7 @@ from store.run_sql import (
     SELECT_EXHAUSTED_SQL,
     SELECT_EXPIRED_SQL,
     SELECT_JOB_SQL,
+    SELECT_SNAPSHOTS_SQL,
     SUMMARY_COLUMNS,
     SWEEP_DEAD_SQL,
     SWEEP_REQUEUE_SQL,
@@ -369,31 +371,48 @@ class RunStore:
         claimed = await self.claim_batch(worker_id, 1)
         return claimed[0] if claimed else None
 
-    async def claim_batch(self, worker_id: str, limit: int) -> list[ClaimedJob]:
-        """Take up to ``limit`` eligible QUEUED jobs, oldest first, in one statement."""
+    async def claim_batch(
+        self, worker_id: str, limit: int, *, compiled: Callable[[str], bool] | None = None
+    ) -> list[ClaimedJob]:
+        """Take up to ``limit`` eligible QUEUED jobs, oldest first, in one statement.
+
+        ``compiled`` says which definition hashes the caller has compiled: the
+        claim then reads no snapshot per job, only, by hash, those it lacks,
+        and a job whose hash it has comes with an empty ``definition``.
+        """
         if not worker_id or not worker_id.strip():
             raise InvalidArgument("worker_id must not be blank: it is written into lease_owner")
         if limit < 1:
             raise InvalidArgument(f"claim limit must be at least 1, got {limit}")
         params = {"limit": limit, "worker_id": worker_id, "lease_s": self.lease_s}
+        statement = CLAIM_SQL if compiled is None else CLAIM_WITHOUT_DEFINITIONS_SQL
         # Prepared from the first claim on each connection, as the group
         # commit's statement is.
         if self._claim_pool is not None:
             async with self._claim_pool.connection() as conn:
-                cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
+                cursor = await conn.execute(statement, params, prepare=True)
                 rows = await cursor.fetchall()
         else:
             async with self._pool.connection() as conn:
                 # One round trip: BEGIN, the claim's settings, the claim, COMMIT.
                 async with conn.pipeline(), conn.transaction():
                     await conn.execute(CLAIM_SETTINGS_SQL, prepare=True)
-                    cursor = await conn.execute(CLAIM_SQL, params, prepare=True)
+                    cursor = await conn.execute(statement, params, prepare=True)
                 rows = await cursor.fetchall()
         arrived_at = _now()
         jobs = sorted(
             ((job_from_row(row[:-1]), row[-1]) for row in rows),
             key=lambda pair: (pair[0].run_after, pair[0].created_at),
         )
+        snapshots: dict[str, dict[str, Any]] = {}
+        if compiled is not None:
+            lacking = {
+                job.definition_hash
+                for job, _ in jobs
+                if job.definition_hash and not compiled(job.definition_hash)
+            }
+            if lacking:
+                snapshots = await self.definition_snapshots(lacking)
         return [
             ClaimedJob(
                 job=job,
@@ -405,10 +424,16 @@ class RunStore:
                     token,
                     clock_offset_s=_clock_offset_s(job.claimed_at, arrived_at),
                 ),
-                definition=job.definition or {},
+                definition=job.definition or snapshots.get(job.definition_hash or "", {}),
             )
             for job, token in jobs
         ]
+
+    async def definition_snapshots(self, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The stored definition snapshots of ``hashes``, by hash; unknown ones are absent."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(SELECT_SNAPSHOTS_SQL, {"hashes": list(hashes)})
+            return {str(digest): definition for digest, definition in await cursor.fetchall()}
 
     # ----------------------------------------------------------------- fenced writes
 

@@ -12,6 +12,8 @@ so the next job's claim runs while the settle commits instead of after it.
 A runner, per job:
 
 1. compiles the snapshot through the process cache (keyed by definition hash);
+   a claim carries no snapshot whose workflow the cache holds, and the runner
+   reads one only if the cache let it go since;
 2. starts a heartbeat that extends the lease every ``heartbeat_s`` while the
    segment runs, each renewal naming the segment's progress (a worker that
    stops heartbeating, because it died, loses the job to the sweeper);
@@ -107,6 +109,8 @@ from workflows.steps import CompiledWorkflow, Step
 log = logging.getLogger(__name__)
 
 Compile = Callable[[Mapping[str, Any], str | None], CompiledWorkflow]
+# A definition hash's compiled workflow, if the process has it at hand.
+Compiled = Callable[[str], CompiledWorkflow | None]
 # Takes a step's progress report with the claim it was made under.
 ProgressReporter = Callable[[Lease, str, float, str], None]
 
@@ -197,6 +201,7 @@ class ClaimLoops(mode.Service):
         worker_id: str,
         compile: Compile,
         registry: HandlerRegistry,
+        compiled: Compiled | None = None,
         loops: int = 4,
         batch: int = 8,
         poll_interval_s: float = 1.0,
@@ -223,7 +228,9 @@ class ClaimLoops(mode.Service):
         progress reports go (``streams.progress``), with the claim that runs them;
         ``clock``: the monotonic clock of every bound here;
         ``tracing``: spans of every claim, segment and step (None: none);
-        ``timings``: the histograms to observe (``None``, metrics off: nothing is timed)."""
+        ``timings``: the histograms to observe (``None``, metrics off: nothing is timed);
+        ``compiled``: the workflows compiled already, by definition hash, so
+        that claims need not read their snapshots (``RunStore.claim_batch``)."""
         if loops < 1 or batch < 1 or max_per_target < 1:
             raise ValueError("loops, batch and max_per_target must be at least 1")
         if heartbeat_s <= 0 or settle_bound_s <= 0 or claim_failure_bound_s <= 0:
@@ -237,6 +244,10 @@ class ClaimLoops(mode.Service):
         self._control = ControlStore.beside(runs)
         self._worker_id = worker_id
         self._compile = compile
+        self._compiled = compiled
+        self._has_compiled: Callable[[str], bool] | None = (
+            None if compiled is None else (lambda digest: compiled(digest) is not None)
+        )
         self._registry = registry
         self._loops = loops
         self._batch = batch
@@ -351,7 +362,9 @@ class ClaimLoops(mode.Service):
             self._wake.clear()
             started_ns = now_ns() if self._tracing is not None else 0
             try:
-                claimed = await self._runs.claim_batch(self._worker_id, want)
+                claimed = await self._runs.claim_batch(
+                    self._worker_id, want, compiled=self._has_compiled
+                )
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -463,8 +476,18 @@ class ClaimLoops(mode.Service):
     async def _process(self, claimed: ClaimedJob) -> None:
         lease = claimed.lease
         job = claimed.job
+        digest = job.definition_hash or None
+        workflow = None
+        if not claimed.definition and digest is not None and self._compiled is not None:
+            workflow = self._compiled(digest)
         try:
-            workflow = self._compile(claimed.definition, job.definition_hash or None)
+            if workflow is None:
+                definition = claimed.definition
+                if not definition and digest is not None:
+                    # Claimed without its snapshot, and the compiled form has
+                    # since left the cache: read the snapshot after all.
+                    definition = (await self._runs.definition_snapshots([digest])).get(digest, {})
+                workflow = self._compile(definition, digest)
             step = workflow.next_step(job.checkpoints)
         except StepFailure as failure:
             await self._settle_failure(lease, failure)

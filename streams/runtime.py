@@ -265,6 +265,7 @@ class Runtime(mode.Service):
                 self.runs,
                 worker_id=settings.require_worker_id(),
                 compile=self.compile,
+                compiled=self.cache.cached,
                 registry=self.registry,
                 loops=settings.claim_loops,
                 batch=settings.claim_batch,

@@ -29,7 +29,7 @@ _COMPILE_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wfjobs-
 class DefinitionCache:
     """Compiled workflows by definition hash, least recently used dropped first.
 
-    A claim looks its snapshot up here, so base64 is decoded and CEL compiled
+    A claim looks its hash up here, so base64 is decoded and CEL compiled
     once per distinct definition per process, not once per job. Safe to share
     between threads. Failed compilations are not cached.
 
@@ -65,6 +65,10 @@ class DefinitionCache:
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         return compiled
+
+    def cached(self, digest: str) -> CompiledWorkflow | None:
+        """The compiled form of the definition hashed ``digest``, if it is here."""
+        return self._lookup(digest)
 
     def _lookup(self, key: str) -> CompiledWorkflow | None:
         with self._lock:

@@ -114,3 +114,25 @@ async def test_the_backlog_count_stops_at_its_cap(store: RunStore) -> None:
     assert await store.count_queued(limit=100) == 8
     with pytest.raises(ValueError, match="at least 1"):
         await store.count_queued(limit=0)
+
+
+async def test_a_claim_reads_only_the_snapshots_its_caller_has_not_compiled(
+    store: RunStore,
+) -> None:
+    known = await submit(store, name="compiled-here")
+    lacking = await submit(store, name="new-here")
+    asked: list[str] = []
+
+    def compiled(digest: str) -> bool:
+        asked.append(digest)
+        return digest == known.job.definition_hash
+
+    claimed = {job.job_id: job for job in await store.claim_batch("w1", 8, compiled=compiled)}
+    assert set(asked) == {"hash-compiled-here", "hash-new-here"}
+    # The one compiled here comes without its snapshot, the other with it, as stored.
+    assert claimed[known.job.job_id].definition == {}
+    assert claimed[lacking.job.job_id].definition == lacking.job.definition
+    assert claimed[lacking.job.job_id].job.definition_hash == "hash-new-here"
+    assert await store.definition_snapshots(["hash-new-here", "hash-never"]) == {
+        "hash-new-here": lacking.job.definition
+    }

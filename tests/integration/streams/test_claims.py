@@ -448,3 +448,50 @@ async def test_handlers_reach_the_row_through_the_claim_loops(harness: Harness, 
     finally:
         await loops.stop()
         await recorder.stop()
+
+
+async def test_a_job_claimed_without_its_snapshot_runs_when_its_workflow_left_the_cache(
+    harness: Harness,
+) -> None:
+    workflow = envelope(name="auto", review="invoke")
+    job_id = await harness.submit(workflow, {"text": "a b c"})
+    digest = harness.cache.get(workflow).definition_hash
+    answers: list[bool] = []
+    compiled_with: list[Mapping[str, Any]] = []
+
+    def compiled(asked: str) -> CompiledWorkflow | None:
+        # Compiled when the claim asks; evicted by the time the runner looks.
+        answers.append(not answers)
+        return harness.cache.cached(asked) if answers[-1] else None
+
+    def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
+        compiled_with.append(definition)
+        return harness.compile(definition, given)
+
+    loops = harness.loops(compiled=compiled, compile=compile)
+    await loops.start()
+    try:
+        await harness.wait_status(job_id, "COMPLETED")
+    finally:
+        await loops.stop()
+    assert answers == [True, False]
+    # The runner read the snapshot the claim left out, and compiled that.
+    assert compiled_with == [workflow] and harness.cache.get(workflow).definition_hash == digest
+
+
+async def test_a_job_whose_workflow_is_compiled_runs_from_the_cache_alone(harness: Harness) -> None:
+    workflow = envelope(name="auto", review="invoke")
+    job_id = await harness.submit(workflow, {"text": "a b c"})
+    compiled_with: list[Mapping[str, Any]] = []
+
+    def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
+        compiled_with.append(definition)
+        return harness.compile(definition, given)
+
+    loops = harness.loops(compiled=harness.cache.cached, compile=compile)
+    await loops.start()
+    try:
+        await harness.wait_status(job_id, "COMPLETED")
+    finally:
+        await loops.stop()
+    assert compiled_with == []

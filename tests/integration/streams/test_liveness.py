@@ -312,7 +312,7 @@ class ClaimsThatFail(RunStore):
         super().__init__(pool)
         self.failed = asyncio.Event()
 
-    async def claim_batch(self, worker_id: str, limit: int) -> list[Any]:
+    async def claim_batch(self, worker_id: str, limit: int, **options: Any) -> list[Any]:
         self.failed.set()
         raise psycopg.OperationalError("connection refused")
 

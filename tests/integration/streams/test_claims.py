@@ -330,7 +330,9 @@ async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
         await sweeper.stop()
     assert job.status == "COMPLETED", job
     assert job.attempt == 1 and job.lease_owner == "w-test"
-    assert sweeper.sweeps > 10 and sweeper.requeued == 0
+    # Sweeps all through the step: on a loaded machine one takes up to a few
+    # tenths of a second, so a handful, not the idle rate's twenty-five.
+    assert sweeper.sweeps >= 5 and sweeper.requeued == 0
     assert loops.stats.lease_lost == 0
     assert calls[TOKENIZE] == 1
 

@@ -424,10 +424,15 @@ class ClaimLoops(mode.Service):
                 self._withdrawn.discard(claimed.lease)
                 self._free_a_runner()
                 continue
-            if self._stopping:
-                await self._hand_back(claimed.lease, "never started")
-                continue
             self._busy.add(task)
+            if self._stopping:
+                # Busy while it hands back: stopping cancels idle runners, and
+                # a cancel here would leave the write to finish uncounted.
+                try:
+                    await self._hand_back(claimed.lease, "never started")
+                finally:
+                    self._busy.discard(task)
+                continue
             try:
                 await self.process(claimed)
             except Exception:

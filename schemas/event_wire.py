@@ -91,6 +91,30 @@ def _struct(tag: bytes, mapping: Mapping[str, Any]) -> bytes | None:
     return None if raw is None else _message(tag, raw)
 
 
+def _event(
+    event_type: int,
+    job_id: UUID,
+    workflow_name: str,
+    attempt: int,
+    occurred_at: datetime,
+    named: tuple[bytes, str],
+    struct: tuple[bytes, Mapping[str, Any]],
+    flag: bytes = b"",
+) -> bytes | None:
+    # Both events are the head, a required text field, a Struct, an optional
+    # flag and the moment, in field-number order.
+    try:
+        head = _head(job_id, event_type, workflow_name, attempt)
+        body = _struct(*struct)
+        moment = _timestamp(occurred_at)
+        tag, text = named
+        if head is None or body is None or moment is None or not text:
+            return None
+        return head + _text(tag, text) + body + flag + moment
+    except UnicodeEncodeError:
+        return None
+
+
 def step_checkpoint_bytes(
     *,
     job_id: UUID,
@@ -102,15 +126,9 @@ def step_checkpoint_bytes(
     skipped: bool,
 ) -> bytes | None:
     """A STEP_CHECKPOINT event's outbox bytes, or ``None``: build the message instead."""
-    try:
-        head = _head(job_id, STEP_CHECKPOINT, workflow_name, attempt)
-        body = _struct(_RESPONSE, response)
-        moment = _timestamp(occurred_at)
-        if head is None or body is None or moment is None or not step_name:
-            return None
-        return head + _text(_STEP_NAME, step_name) + body + (_SKIPPED if skipped else b"") + moment
-    except UnicodeEncodeError:
-        return None
+    flag = _SKIPPED if skipped else b""
+    named, struct = (_STEP_NAME, step_name), (_RESPONSE, response)
+    return _event(STEP_CHECKPOINT, job_id, workflow_name, attempt, occurred_at, named, struct, flag)
 
 
 def completed_bytes(
@@ -123,15 +141,8 @@ def completed_bytes(
     result: Mapping[str, Any],
 ) -> bytes | None:
     """A COMPLETED event's outbox bytes, or ``None``: build the message instead."""
-    try:
-        head = _head(job_id, COMPLETED, workflow_name, attempt)
-        body = _struct(_RESULT, result)
-        moment = _timestamp(occurred_at)
-        if head is None or body is None or moment is None or not verdict:
-            return None
-        return head + _text(_VERDICT, verdict) + body + moment
-    except UnicodeEncodeError:
-        return None
+    named, struct = (_VERDICT, verdict), (_RESULT, result)
+    return _event(COMPLETED, job_id, workflow_name, attempt, occurred_at, named, struct)
 
 
 __all__ = ["COMPLETED", "STEP_CHECKPOINT", "completed_bytes", "step_checkpoint_bytes"]

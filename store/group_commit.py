@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from store.binary_arrays import binary_array
 from store.gather import Gather
-from store.group_commit_sql import EVENT_TYPE_PARAMS, Kind, columns, group_commit_sql, param_name
+from store.group_commit_sql import (
+    EVENT_TYPE_PARAMS,
+    Kind,
+    column_types,
+    group_commit_sql,
+    param_name,
+)
 from store.pool import Pool
 from store.records import Lease
 
@@ -75,9 +82,10 @@ class GroupCommit(Gather[_Write, Answer | None]):
                 "attempt": [w.lease.attempt for w in rows],
                 "token": [w.lease.token for w in rows],
             }
-            for column in columns(kind):
+            for column, sql_type in column_types(kind):
                 values = fence[column] if column in fence else [w.values[column] for w in rows]
-                params[param_name(kind, column)] = values[0] if single else values
+                name = param_name(kind, column)
+                params[name] = values[0] if single else binary_array(sql_type, values)
             for name in EVENT_TYPE_PARAMS[kind]:
                 params[name] = self.event_types[name]
         async with self.pool.connection() as conn:

@@ -79,9 +79,9 @@ def param_name(kind: Kind, column: str) -> str:
     return f"{kind.value}_{column}"
 
 
-def columns(kind: Kind) -> tuple[str, ...]:
-    """Every column a ``kind`` row carries, fence first."""
-    return tuple(name for name, _ in (*_FENCE_INPUTS, *INPUTS[kind]))
+def column_types(kind: Kind) -> tuple[tuple[str, str], ...]:
+    """Every column a ``kind`` row carries, fence first, with its SQL type."""
+    return (*_FENCE_INPUTS, *INPUTS[kind])
 
 
 def _input_cte(kind: Kind, *, single: bool) -> str:
@@ -269,7 +269,7 @@ __all__ = [
     "EVENT_TYPE_PARAMS",
     "INPUTS",
     "Kind",
-    "columns",
+    "column_types",
     "group_commit_sql",
     "param_name",
 ]

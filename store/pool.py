@@ -9,6 +9,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
+from store.binary_arrays import register as register_binary_arrays
+
 Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 DEFAULT_MIN_SIZE = 2
@@ -48,6 +50,7 @@ def create_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
     session = dict(options.get("session", {}))
 
     async def configure(conn: AsyncConnection[TupleRow]) -> None:
+        register_binary_arrays(conn.adapters)
         # Autocommit, so the settings hold for the session, not one transaction.
         for name, value in session.items():
             await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
@@ -59,7 +62,7 @@ def create_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
         timeout=options.get("timeout_s", DEFAULT_TIMEOUT_S),
         kwargs=connection_kwargs(application_name),
         name=application_name,
-        configure=configure if session else None,
+        configure=configure,
         open=False,
     )
 

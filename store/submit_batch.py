@@ -19,40 +19,43 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
+from store.binary_arrays import binary_array
 from store.errors import refused_value
 from store.pool import Pool
 from store.records import SubmitResult, job_from_row
 from store.submit_batch_sql import SUBMIT_BATCH_SQL, SUBMIT_ONE_SQL
 
-# Every row's parameter names, in the arrays the statement unnests.
+# Every row's parameter names, in the arrays the statement unnests, and their types.
 _ROW_KEYS = (
-    "job_id",
-    "workflow_name",
-    "definition_hash",
-    "status",
-    "max_attempts",
-    "error",
-    "owner",
-    "deadline_ms",
-    "event_type",
-    "payload",
-    "traceparent",
-    "tracestate",
+    ("job_id", "uuid"),
+    ("workflow_name", "text"),
+    ("definition_hash", "text"),
+    ("status", "text"),
+    ("max_attempts", "int"),
+    ("error", "text"),
+    ("owner", "text"),
+    ("deadline_ms", "bigint"),
+    ("event_type", "text"),
+    ("payload", "bytea"),
+    ("traceparent", "text"),
+    ("tracestate", "text"),
 )
 _TRIES = 3
 
 
 def batch_params(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The statement's arrays: one element per row, each distinct definition once."""
-    params: dict[str, Any] = {key: [row[key] for row in rows] for key in _ROW_KEYS}
-    params["input"] = [_json(row["input"].obj) for row in rows]
+    params: dict[str, Any] = {
+        key: binary_array(sql_type, [row[key] for row in rows]) for key, sql_type in _ROW_KEYS
+    }
+    params["input"] = binary_array("text", [_json(row["input"].obj) for row in rows])
     snapshots: dict[str, str] = {}
     for row in rows:
         definition = row["definition"]
         if definition is not None and row["definition_hash"] not in snapshots:
             snapshots[row["definition_hash"]] = _json(definition.obj)
-    params["snapshot_hash"] = list(snapshots)
-    params["snapshot"] = list(snapshots.values())
+    params["snapshot_hash"] = binary_array("text", snapshots)
+    params["snapshot"] = binary_array("text", snapshots.values())
     return params
 
 

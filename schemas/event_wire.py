@@ -1,6 +1,7 @@
-"""The two events every job writes, encoded straight in the wire format.
+"""The events every job writes, encoded straight in the wire format.
 
-A job's commit points are nearly all STEP_CHECKPOINT and COMPLETED events.
+A job's commit points are nearly all STEP_CHECKPOINT and COMPLETED events, and
+its submit writes an ACCEPTED one.
 Built as messages, each one is constructed field by field, its Struct parsed
 into it (``schemas.struct_wire``), its rules read back off it and then
 serialized again. Here the same bytes ``encode_event(build_event(...))`` gives
@@ -42,6 +43,7 @@ _SECONDS = b"\x08"
 _NANOS = b"\x10"
 
 # WorkflowRunEvent.Type values (events.proto); test_event_wire pins them.
+ACCEPTED = 1
 STEP_CHECKPOINT = 2
 COMPLETED = 4
 
@@ -115,6 +117,20 @@ def _event(
         return None
 
 
+def accepted_bytes(*, job_id: UUID, workflow_name: str, occurred_at: datetime) -> bytes | None:
+    """An ACCEPTED event's outbox bytes, or ``None``: build the message instead."""
+    if not isinstance(job_id, UUID):
+        return None
+    try:
+        head = _head(job_id, ACCEPTED, workflow_name, 0)
+    except UnicodeEncodeError:
+        return None
+    moment = _timestamp(occurred_at)
+    if head is None or moment is None:
+        return None
+    return head + moment
+
+
 def step_checkpoint_bytes(
     *,
     job_id: UUID,
@@ -145,4 +161,11 @@ def completed_bytes(
     return _event(COMPLETED, job_id, workflow_name, attempt, occurred_at, named, struct)
 
 
-__all__ = ["COMPLETED", "STEP_CHECKPOINT", "completed_bytes", "step_checkpoint_bytes"]
+__all__ = [
+    "ACCEPTED",
+    "COMPLETED",
+    "STEP_CHECKPOINT",
+    "accepted_bytes",
+    "completed_bytes",
+    "step_checkpoint_bytes",
+]

@@ -50,7 +50,7 @@ from schemas.contract import (
     refuse_oversize,
 )
 from schemas.errors import InvalidArgument, LeaseLost, NotFound
-from schemas.event_wire import completed_bytes, step_checkpoint_bytes
+from schemas.event_wire import accepted_bytes, completed_bytes, step_checkpoint_bytes
 from store.deadline_sql import (
     DEADLINE_FAIL_SQL,
     SELECT_JOB_DEADLINES_SQL,
@@ -136,12 +136,16 @@ def _now() -> datetime:
 
 
 # Read once: each attribute of the enum wrapper is a Python-level lookup.
+_ACCEPTED = EventType.TYPE_ACCEPTED
 _STEP_CHECKPOINT = EventType.TYPE_STEP_CHECKPOINT
 _COMPLETED = EventType.TYPE_COMPLETED
 
 
 def _event_name(event_type: int) -> str:
     return EventType.Name(event_type).removeprefix("TYPE_")
+
+
+_ACCEPTED_NAME = _event_name(_ACCEPTED)
 
 
 def _as_uuid(job_id: UUID | str) -> UUID:
@@ -306,13 +310,20 @@ class RunStore:
             self.max_event_bytes,
             f"the input of job {job_id} (as JSON)",
         )
-        event = build_event(
-            job_id=job_id,
-            event_type=EventType.TYPE_ACCEPTED,
-            workflow_name=workflow_name,
-            attempt=0,
-            occurred_at=_now(),
+        occurred_at = _now()
+        payload = accepted_bytes(
+            job_id=job_id, workflow_name=workflow_name, occurred_at=occurred_at
         )
+        if payload is None or len(payload) > self.max_event_bytes:
+            # The message decides, and words any refusal.
+            event = build_event(
+                job_id=job_id,
+                event_type=_ACCEPTED,
+                workflow_name=workflow_name,
+                attempt=0,
+                occurred_at=occurred_at,
+            )
+            payload = self._encode(event)
         return {
             "job_id": job_id,
             "workflow_name": workflow_name,
@@ -322,8 +333,8 @@ class RunStore:
             "status": Status.QUEUED.value,
             "max_attempts": max_attempts,
             "error": None,
-            "event_type": _event_name(EventType.TYPE_ACCEPTED),
-            "payload": self._encode(event),
+            "event_type": _ACCEPTED_NAME,
+            "payload": payload,
             "owner": submission.get("owner"),
             "deadline_ms": submission.get("deadline_ms") or None,
             "traceparent": submission.get("traceparent"),

@@ -1,4 +1,4 @@
-"""The wire-written STEP_CHECKPOINT and COMPLETED events are the message path's bytes."""
+"""The wire-written ACCEPTED, STEP_CHECKPOINT and COMPLETED events are the message path's bytes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from schemas import event_wire
 from schemas.contract import EventType, build_event, encode_event
-from schemas.event_wire import completed_bytes, step_checkpoint_bytes
+from schemas.event_wire import accepted_bytes, completed_bytes, step_checkpoint_bytes
 
 scalars = (
     st.none()
@@ -44,6 +44,7 @@ def _message_bytes(**fields: Any) -> bytes | None:
 
 
 def test_the_event_types_are_the_contracts() -> None:
+    assert event_wire.ACCEPTED == EventType.TYPE_ACCEPTED
     assert event_wire.STEP_CHECKPOINT == EventType.TYPE_STEP_CHECKPOINT
     assert event_wire.COMPLETED == EventType.TYPE_COMPLETED
 
@@ -137,3 +138,38 @@ def test_ordinary_events_take_the_wire_path_and_doubtful_ones_do_not() -> None:
     assert completed_bytes(**{**common, "occurred_at": local}, verdict="v", result={"x": 1}) is None
     early = datetime(1969, 12, 31, tzinfo=UTC)
     assert completed_bytes(**{**common, "occurred_at": early}, verdict="v", result={"x": 1}) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(names, moments)
+def test_an_accepted_event_is_the_message_paths_bytes_or_left_to_it(
+    workflow: str, moment: datetime
+) -> None:
+    job_id = uuid.uuid4()
+    fast = accepted_bytes(job_id=job_id, workflow_name=workflow, occurred_at=moment)
+    expected = _message_bytes(
+        job_id=job_id,
+        event_type=EventType.TYPE_ACCEPTED,
+        workflow_name=workflow,
+        attempt=0,
+        occurred_at=moment,
+    )
+    if fast is None:
+        return
+    assert fast == expected
+
+
+def test_an_accepted_event_the_wire_path_cannot_vouch_for_is_left_to_the_message() -> None:
+    moment = datetime(2026, 12, 2, 11, 0, tzinfo=UTC)
+    job_id = uuid.uuid4()
+    assert accepted_bytes(job_id=job_id, workflow_name="", occurred_at=moment) is None
+    assert accepted_bytes(job_id=job_id, workflow_name="\ud800", occurred_at=moment) is None
+    assert accepted_bytes(job_id=str(job_id), workflow_name="w", occurred_at=moment) is None  # type: ignore[arg-type]
+    east = moment.astimezone(timezone(timedelta(hours=2)))
+    assert accepted_bytes(job_id=job_id, workflow_name="w", occurred_at=east) is None
+    assert (
+        accepted_bytes(
+            job_id=job_id, workflow_name="w", occurred_at=datetime(1969, 1, 1, tzinfo=UTC)
+        )
+        is None
+    )

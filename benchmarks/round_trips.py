@@ -59,9 +59,14 @@ async def measure(dsn: str, calls: int) -> dict[str, dict[str, float]]:
     pool = await open_pool(dsn, min_size=2, max_size=2)
     claim_pool = create_pool(dsn, min_size=1, max_size=1, session=CLAIM_SESSION)
     await claim_pool.open(wait=True)
+    # A worker's group commit and submits each have a connection of their own.
+    commit_pool = await open_pool(dsn, min_size=1, max_size=1)
+    submit_pool = await open_pool(dsn, min_size=1, max_size=1)
     try:
         compiled = DefinitionCache().get(workflow := automatic_workflow("bench-round-trips"))
-        worker = RunStore(pool, claim_pool=claim_pool)
+        worker = RunStore(
+            pool, claim_pool=claim_pool, commit_pool=commit_pool, submit_pool=submit_pool
+        )
         plain = RunStore(pool)
         ungrouped = RunStore(pool, group_commit=False)
 
@@ -110,8 +115,8 @@ async def measure(dsn: str, calls: int) -> dict[str, dict[str, float]]:
         )
         return results
     finally:
-        await claim_pool.close()
-        await pool.close()
+        for opened in (claim_pool, commit_pool, submit_pool, pool):
+            await opened.close()
 
 
 def main(argv: list[str] | None = None) -> int:

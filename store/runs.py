@@ -200,6 +200,8 @@ class RunStore:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         group_commit: bool = True,
         claim_pool: Pool | None = None,
+        commit_pool: Pool | None = None,
+        submit_pool: Pool | None = None,
     ) -> None:
         """``group_commit``: send the commit points of a running job (checkpoint,
         complete, park, fail, retry-or-die) through one ``GroupCommit``, which
@@ -209,7 +211,13 @@ class RunStore:
 
         ``claim_pool``: where claims go, a pool whose connections hold
         ``store.run_sql.CLAIM_SESSION`` (see there); without one, claims use
-        ``pool`` and set those for each claim's transaction."""
+        ``pool`` and set those for each claim's transaction.
+
+        ``commit_pool`` and ``submit_pool``: where the group commit and the
+        grouped submits write; without them, ``pool``. Each writer sends one
+        statement at a time, so a pool of one connection serves it, and every
+        statement then finds the same backend still warm: the shared pool
+        hands out the connection idle longest, a cold backend each time."""
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
         if max_event_bytes < MIN_EVENT_BYTES:
@@ -225,10 +233,12 @@ class RunStore:
         self._max_text_bytes = min(MAX_EVENT_TEXT_BYTES, max_event_bytes // 4)
         self.history = HistoryStore(pool)
         self.group: GroupCommit | None = None
-        self.submits: SubmitGroup | None = SubmitGroup(pool) if group_commit else None
+        self.submits: SubmitGroup | None = (
+            SubmitGroup(submit_pool or pool) if group_commit else None
+        )
         if group_commit:
             self.group = GroupCommit(
-                pool,
+                commit_pool or pool,
                 {
                     "checkpoint_type": _event_name(EventType.TYPE_STEP_CHECKPOINT),
                     "complete_type": _event_name(EventType.TYPE_COMPLETED),

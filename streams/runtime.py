@@ -135,6 +135,8 @@ class Runtime(mode.Service):
         self.pool: Pool | None = None
         self.claim_pool: Pool | None = None
         self.relay_pool: Pool | None = None
+        self.commit_pool: Pool | None = None
+        self.submit_pool: Pool | None = None
         self.runs: RunStore | None = None
         self.definitions: DefinitionStore | None = None
         self.tokens: TokenStore | None = None
@@ -206,13 +208,22 @@ class Runtime(mode.Service):
         # The claimer and the relay's passes are one task each, so one
         # connection each: their own, holding their statements' settings for
         # the session (store.run_sql.CLAIM_SESSION, store.outbox.RELAY_SESSION).
-        if "worker" in settings.roles and settings.claim_loops > 0:
+        claims = "worker" in settings.roles and settings.claim_loops > 0
+        if claims:
             self.claim_pool = await _session_connection(settings, "claims", CLAIM_SESSION)
         if "relay" in settings.roles:
             self.relay_pool = await _session_connection(settings, "relay", RELAY_SESSION)
+        # The group commit and the grouped submits each send one statement at
+        # a time; on a connection of its own each keeps one backend warm.
+        if settings.group_commit and claims:
+            self.commit_pool = await _session_connection(settings, "commits", {})
+        if settings.group_commit and settings.roles & {"api", "worker"}:
+            self.submit_pool = await _session_connection(settings, "submits", {})
         self.runs = RunStore(
             pool,
             claim_pool=self.claim_pool,
+            commit_pool=self.commit_pool,
+            submit_pool=self.submit_pool,
             retry_base_s=settings.retry_base_s,
             default_max_attempts=settings.max_attempts,
             lease_s=settings.lease_s,
@@ -332,7 +343,13 @@ class Runtime(mode.Service):
         # grace, a hand-back and the relay's last pass all still had the pool.
         with contextlib.suppress(Exception):
             await self.channels.close()
-        for pool in (self.claim_pool, self.relay_pool, self.pool):
+        for pool in (
+            self.claim_pool,
+            self.relay_pool,
+            self.commit_pool,
+            self.submit_pool,
+            self.pool,
+        ):
             if pool is not None:
                 with contextlib.suppress(Exception):
                     await pool.close()

@@ -56,7 +56,8 @@ async def test_kill_9_during_a_group_commit_leaves_the_step_whole_or_absent(stac
         return True if stack.calls_for(job_id, EMBED) else None
 
     await wait_until(embedding, timeout_s=30)
-    app = "workflow-jobs w1"
+    # The connection the worker's group commit writes through.
+    app = "workflow-jobs commits w1"
     async with stack.pool.connection() as blocker:
         async with blocker.transaction():
             await blocker.execute(

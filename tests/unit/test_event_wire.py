@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import event_wire
@@ -140,7 +140,7 @@ def test_ordinary_events_take_the_wire_path_and_doubtful_ones_do_not() -> None:
     assert completed_bytes(**{**common, "occurred_at": early}, verdict="v", result={"x": 1}) is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(names, moments)
 def test_an_accepted_event_is_the_message_paths_bytes_or_left_to_it(
     workflow: str, moment: datetime

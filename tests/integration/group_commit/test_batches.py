@@ -250,3 +250,31 @@ async def test_without_group_commit_the_held_back_checkpoint_is_its_own_statemen
         EventType.TYPE_STEP_CHECKPOINT,
         EventType.TYPE_COMPLETED,
     ]
+
+
+async def test_commit_points_and_submits_go_through_the_connections_given_them(
+    pool: Pool, dsn: str
+) -> None:
+    from store.pool import open_pool
+
+    commits = await open_pool(dsn, min_size=1, max_size=1)
+    submits = await open_pool(dsn, min_size=1, max_size=1)
+    try:
+        store = RunStore(pool, commit_pool=commits, submit_pool=submits)
+        [lease] = await _claimed(store, 1)
+        assert submits.get_stats()["requests_num"] == 1
+        shared = pool.get_stats().get("requests_num", 0)
+
+        await store.checkpoint(lease, entry("tokenize", ids=[1]))
+        await store.complete(lease, result={"ok": True}, verdict="approved")
+
+        assert commits.get_stats()["requests_num"] == 2
+        assert pool.get_stats().get("requests_num", 0) == shared
+        assert await _event_types(pool, lease.job_id) == [
+            EventType.TYPE_ACCEPTED,
+            EventType.TYPE_STEP_CHECKPOINT,
+            EventType.TYPE_COMPLETED,
+        ]
+    finally:
+        await commits.close()
+        await submits.close()

@@ -44,8 +44,36 @@ async def test_roles_start_their_loops_and_share_one_listener(
             assert runtime.listener.channels == channels
         assert (runtime.watch is not None) is ("api" in roles)
         assert (runtime.progress is not None) is claims
+        # The group commit and the grouped submits write through connections
+        # of their own where this process writes them.
+        runs = runtime.require_runs()
+        assert runs.group is not None and runs.submits is not None
+        assert (runtime.commit_pool is not None) is claims
+        assert runs.group.pool is (runtime.commit_pool if claims else runtime.pool)
+        submits = "api" in roles or "worker" in roles
+        assert (runtime.submit_pool is not None) is submits
+        assert runs.submits.pool is (runtime.submit_pool if submits else runtime.pool)
         # Every role can reach the store; the verbs need nothing more.
         assert await runtime.check_store() == ""
+    finally:
+        await runtime.stop()
+
+
+async def test_without_group_commit_no_writer_has_a_connection_of_its_own(dsn: str) -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": dsn,
+            "WFJOBS_ROLES": "api,worker",
+            "WFJOBS_WORKER_ID": "no-group-commit",
+            "WFJOBS_GROUP_COMMIT": "false",
+        }
+    )
+    runtime = Runtime(settings, registry=make_registry())
+    await runtime.start()
+    try:
+        await runtime.wait_ready()
+        assert runtime.commit_pool is None and runtime.submit_pool is None
+        assert runtime.claim_pool is not None
     finally:
         await runtime.stop()
 

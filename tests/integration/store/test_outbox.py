@@ -559,3 +559,29 @@ async def test_a_backlog_of_one_job_larger_than_the_window_drains_in_order_with_
     while (await outbox.relay_batch(publish, limit=25)).fetched:
         pass
     assert topic == expected
+
+
+async def test_a_lease_rewrites_each_row_on_its_own_page(
+    pool: Pool, store: RunStore, outbox: Outbox
+) -> None:
+    # Enough rows to fill several pages: at the default fillfactor the leased
+    # versions of a full page's rows had to go to other pages, each adding an
+    # entry to every index of the table (migration 0014).
+    await _jobs_with_events(store, jobs=40, steps=3)
+    where_rows_are = (
+        "SELECT id, (ctid::text::point)[0]::int FROM workflow_run_events_outbox ORDER BY id"
+    )
+    async with pool.connection() as conn:
+        before: dict[int, int] = dict(await (await conn.execute(where_rows_are)).fetchall())
+    assert len(set(before.values())) >= 3, "the rows should span several pages"
+    during: dict[int, int] = {}
+
+    async def publish(rows: list[OutboxRow]) -> list[PublishFailure | None]:
+        async with pool.connection() as conn:
+            during.update(dict(await (await conn.execute(where_rows_are)).fetchall()))
+        return [None] * len(rows)
+
+    result = await outbox.relay_batch(publish, limit=len(before))
+    assert result.published == len(before)
+    moved = {row_id for row_id, page in before.items() if during[row_id] != page}
+    assert not moved, f"{len(moved)} of {len(before)} leased rows left their page"

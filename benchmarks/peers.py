@@ -143,6 +143,9 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("pgqueuer", "pgqueuer", "pgqueuer", peer=True),
     SystemSpec("procrastinate", "procrastinate", "procrastinate", peer=True),
     SystemSpec("baseline", "bare SKIP LOCKED", None, peer=False, paced=False),
+    SystemSpec(
+        "store-alone", "workflow-jobs' store alone, no engine", None, peer=False, paced=False
+    ),
 )
 BY_KEY = {spec.key: spec for spec in SYSTEMS}
 
@@ -794,6 +797,160 @@ class WorkflowJobs:
         return checks
 
 
+# What the sample workflow's three steps answer for a job (``job_input``), and
+# what its runner then stores: the floor row writes the same bytes.
+_TOKENS = ["benchmark", "job", "0", "durable", "workflow", "jobs", "on", "postgres", "and", "kafka"]
+STORE_ALONE_ENTRIES: tuple[dict[str, Any], ...] = (
+    {
+        "name": "tokenize",
+        "skipped": False,
+        "response": {
+            "ids": [35647, 44585, 210, 17058, 48343, 34182, 33193, 3030, 36622, 27400],
+            "tokens": _TOKENS,
+        },
+    },
+    {
+        "name": "embed",
+        "skipped": False,
+        "response": {
+            "vector": [
+                0.182574,
+                0.365148,
+                0.547723,
+                0.547723,
+                -0.182574,
+                0.182574,
+                0.182574,
+                -0.365148,
+            ],
+            "dimensions": 8,
+        },
+    },
+    {
+        "name": "review",
+        "skipped": False,
+        "response": {"note": "approved automatically", "approved": True},
+    },
+)
+STORE_ALONE_RESULT: dict[str, Any] = {
+    "note": "approved automatically",
+    "tokens": _TOKENS,
+    "approved": True,
+    "dimensions": 8,
+}
+STORE_ALONE_VERDICT = "completed 3 steps: tokenize, embed, review"
+# The claim batch, as the workflow-jobs rows have it (WFJOBS_CLAIM_BATCH).
+CLAIM_AHEAD = 8
+
+
+class StoreAlone:
+    """The product's store with no engine on top: the floor of workflow-jobs' writes.
+
+    The jobs are submitted as the ``workflow-jobs`` row submits them. The drain
+    calls ``RunStore`` as runners with nothing else to do would: a claim of up
+    to eight jobs whenever eight more fit beside the jobs in hand (the runners'
+    count and eight more at most), so one claim is on its way while the runners
+    run; then for each job two checkpoints and the completion carrying the
+    third, through the
+    group commit and connections of its own, as a worker has them, with the
+    entries and the result the sample workflow's steps give. Nothing else
+    runs: no definition is compiled, no step called, no lease renewed, no
+    metric or span kept, and the pools are open before the clock starts. The
+    statements, their events and the store's own Python are all it costs, so
+    no engine over this store could drain faster on this machine.
+    """
+
+    worker_id = "bench-store-alone"
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.product = WorkflowJobs(target, kafka=False, worker_id=self.worker_id)
+        self.settings = {
+            "runners": target.concurrency,
+            "claim batch": f"{CLAIM_AHEAD}, one batch ahead of the runners",
+            "group commit": "on, a connection of its own",
+            "engine": "none: RunStore called directly",
+        }
+
+    async def setup(self) -> None:
+        await self.product.setup()
+
+    async def run(self, jobs: int, phase: str) -> Phase:
+        from store.pool import create_pool
+        from store.records import ClaimedJob
+        from store.run_sql import CLAIM_SESSION
+        from store.runs import RunStore
+
+        c = self.target.concurrency
+        api, submit_one, _ = await self.product.submitter(f"{self.target.topic_prefix}-{phase}")
+
+        async def submit(index: int) -> None:
+            await submit_one(index)
+
+        dsn = self.target.dsn
+        pool = create_pool(dsn, min_size=c + 2, max_size=c + 2)
+        claim_pool = create_pool(dsn, min_size=1, max_size=1, session=CLAIM_SESSION)
+        commit_pool = create_pool(dsn, min_size=1, max_size=1)
+        pools = (pool, claim_pool, commit_pool)
+        handled = 0
+        try:
+            for each in pools:
+                await each.open(wait=True)
+            store = RunStore(pool, claim_pool=claim_pool, commit_pool=commit_pool)
+            ready: asyncio.Queue[ClaimedJob | None] = asyncio.Queue()
+            # One claim ahead of the runners: a job is claimed while others run.
+            in_hand = asyncio.Semaphore(c + CLAIM_AHEAD)
+
+            async def claimer() -> None:
+                while True:
+                    for _ in range(CLAIM_AHEAD):
+                        await in_hand.acquire()
+                    taken = await store.claim_batch(
+                        self.worker_id, CLAIM_AHEAD, compiled=lambda _hash: True
+                    )
+                    for job in taken:
+                        ready.put_nowait(job)
+                    for _ in range(CLAIM_AHEAD - len(taken)):
+                        in_hand.release()
+                    if not taken:
+                        for _ in range(c):
+                            ready.put_nowait(None)
+                        return
+
+            async def runner() -> None:
+                nonlocal handled
+                while (job := await ready.get()) is not None:
+                    for entry in STORE_ALONE_ENTRIES[:-1]:
+                        await store.checkpoint(job.lease, entry)
+                    await store.complete(
+                        job.lease,
+                        result=STORE_ALONE_RESULT,
+                        verdict=STORE_ALONE_VERDICT,
+                        last_checkpoint=STORE_ALONE_ENTRIES[-1],
+                    )
+                    handled += 1
+                    in_hand.release()
+
+            started, cpu_started = time.monotonic(), time.process_time()
+            await fan_out(jobs, c, submit)
+            enqueued = time.monotonic()
+            await asyncio.gather(claimer(), *(runner() for _ in range(c)))
+            drained = time.monotonic()
+            cpu_done = time.process_time()
+        finally:
+            for each in pools:
+                await each.close()
+            await api.stop()
+        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, handled)
+
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        # Its runners stop once the queue is empty: nothing waits for a wake-up.
+        return {}
+
+    async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
+        return await self.product.verify(total_jobs, measured_jobs)
+
+
 def count_topic_messages(bootstrap: str, topic: str) -> int:
     """Messages on ``topic``: the sum of its partitions' offset ranges.
 
@@ -1142,6 +1299,8 @@ def make_system(key: str, target: Target) -> System:
         return ProcrastinatePeer(target)
     if key == "baseline":
         return BaselineQueue(target)
+    if key == "store-alone":
+        return StoreAlone(target)
     raise ValueError(f"unknown system {key!r}")
 
 

@@ -66,6 +66,8 @@ class Gather(ABC, Generic[Item, Answer]):
         self.stats = GatherStats()
         self._waiting: list[_Waiting[Item, Answer]] = []
         self._writer: asyncio.Task[None] | None = None
+        # A caller is sending, or about to send, its item alone (``_alone``).
+        self._leading = False
 
     # ------------------------------------------------------------ for subclasses
 
@@ -86,11 +88,52 @@ class Gather(ABC, Generic[Item, Answer]):
     async def gather(self, item: Item) -> Answer:
         """Write ``item`` with the next batch; its answer once the batch committed."""
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Answer] = loop.create_future()
-        self._waiting.append(_Waiting(item, answer))
-        if self._writer is None or self._writer.done():
+        if (
+            not self._leading
+            and not self._waiting
+            and (self._writer is None or self._writer.done())
+        ):
+            alone = await self._alone(item)
+            if alone is not None:
+                return alone[0]
+            # Others arrived in the same turn: the item goes first in their batch.
+            answer: asyncio.Future[Answer] = loop.create_future()
+            self._waiting.insert(0, _Waiting(item, answer))
+        else:
+            answer = loop.create_future()
+            self._waiting.append(_Waiting(item, answer))
+        if not self._leading and (self._writer is None or self._writer.done()):
             self._writer = loop.create_task(self._write_while_waiting(), name=type(self).__name__)
         return await answer
+
+    async def _alone(self, item: Item) -> tuple[Answer] | None:
+        """Send ``item`` in this task if no other caller arrives in this turn of the loop.
+
+        A hand-over to the writer costs a task and two more turns of the loop
+        (the writer starting, the caller waking): about 0.1 ms on this
+        project's benchmark machine after a quiet spell, on every commit point
+        that comes alone, as a paced job's all do. Callers that arrive in the
+        same turn still share a statement: then None, and the item is theirs to
+        batch. Whatever arrives during this statement waits for the writer
+        started when it returns. Cancelled mid-statement, the item commits or
+        not, as in a batch.
+        """
+        self._leading = True
+        try:
+            await asyncio.sleep(0)
+            if self._waiting:
+                return None
+            [answer] = await self.send([item])
+        finally:
+            self._leading = False
+            if self._waiting and (self._writer is None or self._writer.done()):
+                self._writer = asyncio.get_running_loop().create_task(
+                    self._write_while_waiting(), name=type(self).__name__
+                )
+        self.stats.flushes += 1
+        self.stats.rows += 1
+        self.stats.largest = max(self.stats.largest, 1)
+        return (answer,)
 
     async def _write_while_waiting(self) -> None:
         while self._waiting:

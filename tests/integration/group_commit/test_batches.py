@@ -215,6 +215,53 @@ async def test_commit_points_arriving_during_a_flush_go_together_in_the_next(poo
     assert store.group.stats.largest == 2
 
 
+async def test_a_commit_point_that_comes_alone_is_sent_by_its_own_caller(pool: Pool) -> None:
+    # No writer task to start and no hand-over to wait for: a paced job's
+    # commit points all come alone.
+    store = RunStore(pool)
+    assert store.group is not None
+    alone, later = await _claimed(store, 2)
+    async with pool.connection() as blocker, blocker.transaction():
+        await blocker.execute(
+            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (alone.job_id,)
+        )
+        writing = asyncio.ensure_future(store.checkpoint(alone, entry("tokenize", ids=[1])))
+        await wait_for_lock_wait(pool)
+        assert "GroupCommit" not in {task.get_name() for task in asyncio.all_tasks()}
+        # One arriving meanwhile waits for a writer, started once the first returns.
+        waiting = asyncio.ensure_future(store.checkpoint(later, entry("tokenize", ids=[2])))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+    await writing
+    await waiting
+    assert store.group.stats.flushes == 2 and store.group.stats.largest == 1
+    for lease in (alone, later):
+        assert len((await store.get(lease.job_id)).checkpoints) == 1
+
+
+async def test_a_lone_caller_cancelled_mid_statement_leaves_the_store_writing(
+    pool: Pool,
+) -> None:
+    store = RunStore(pool)
+    cancelled, after = await _claimed(store, 2)
+    async with pool.connection() as blocker, blocker.transaction():
+        await blocker.execute(
+            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (cancelled.job_id,)
+        )
+        writing = asyncio.ensure_future(store.checkpoint(cancelled, entry("tokenize", ids=[1])))
+        await wait_for_lock_wait(pool)
+        writing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+    # Its checkpoint committed or not, whole: the row and its events agree.
+    checkpoints = (await store.get(cancelled.job_id)).checkpoints
+    events = await _event_types(pool, cancelled.job_id)
+    assert len(checkpoints) == events.count(EventType.TYPE_STEP_CHECKPOINT) <= 1
+    async with asyncio.timeout(30):
+        await store.checkpoint(after, entry("tokenize", ids=[2]))
+    assert len((await store.get(after.job_id)).checkpoints) == 1
+
+
 async def test_a_runner_cancelled_before_its_flush_writes_nothing(pool: Pool) -> None:
     store = RunStore(pool)
     first, dropped = await _claimed(store, 2)

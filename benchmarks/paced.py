@@ -13,7 +13,8 @@ the process and the server spent per paced job.
 
 Before that, the cost of waking up: one process sleeping and waking (a
 blocking sleep, an asyncio sleep), and ``SELECT 1`` sent back to back against
-sent 10 ms apart, with the client's and the server's CPU per statement. A
+sent 10 ms apart, with the client's and the server's CPU per statement, and
+the latency ``store.gather`` adds to a write that comes alone. A
 paced job is a chain of round trips each of which starts from idle on both
 sides, so these figures, not the code between them, set most of its cost.
 Nothing is asserted.
@@ -29,13 +30,14 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import psycopg
 
 from benchmarks import peers
 from devstack.postgres import PostgresService
+from store.gather import Gather
 
 Marks = dict[str, list[tuple[str, float, float]]]
 
@@ -97,6 +99,39 @@ def blocking_wake_ms(wakes: int = 300) -> float:
     return (time.process_time() - started) * 1000 / wakes
 
 
+class _Echo(Gather[int, int]):
+    """A gather whose statement is one suspension of the loop: its own cost alone."""
+
+    def keys(self, item: int) -> list[Hashable]:
+        return [item]
+
+    async def send(self, items: Sequence[int]) -> list[int]:
+        await asyncio.sleep(0)
+        return list(items)
+
+
+async def lone_write_ms(writes: int = 400) -> dict[str, float]:
+    """Median latency of a write that comes alone after 10 ms of quiet, as a
+    paced job's do: through ``store.gather`` and, for the floor, its send called
+    directly."""
+    gather = _Echo()
+    through: list[float] = []
+    direct: list[float] = []
+    for index in range(writes):
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        await gather.gather(index)
+        through.append(time.perf_counter() - started)
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        await gather.send([index])
+        direct.append(time.perf_counter() - started)
+    return {
+        "a lone write through store.gather, latency": statistics.median(through) * 1000,
+        "its send called directly, latency": statistics.median(direct) * 1000,
+    }
+
+
 async def wake_costs(dsn: str, postmaster_pid: int | None) -> dict[str, float]:
     """CPU milliseconds per wake-up and per statement, back to back and spaced."""
     costs: dict[str, float] = {"time.sleep(10 ms), CPU per wake": blocking_wake_ms()}
@@ -121,6 +156,7 @@ async def wake_costs(dsn: str, postmaster_pid: int | None) -> dict[str, float]:
     if "SELECT 1 10 ms apart, client CPU" in costs:
         # The spaced figure includes the sleep's own wake-up.
         costs["SELECT 1 10 ms apart, client CPU"] -= costs["asyncio.sleep(10 ms), CPU per wake"]
+    costs.update(await lone_write_ms())
     return costs
 
 

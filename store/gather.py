@@ -5,8 +5,10 @@ job's commit points, ``store.submit_group`` for submits): callers hand their
 item to one ``Gather`` and await its answer; one writer task takes whatever is
 waiting, sends it as one statement (one round trip, one commit, one WAL
 flush), answers every caller after the commit, and starts on whatever arrived
-meanwhile. There is no timer: a lone caller waits no longer than it did for
-its own statement, and callers that arrive together share one.
+meanwhile. There is no timer: callers that arrive together share one
+statement, and a caller that finds nothing in flight and no one else arriving
+in its turn of the event loop sends its statement itself, with no writer to
+hand over to.
 
 Items that name the same key (a job) never go in one batch: a later one waits
 for the next, so no statement changes a row twice.

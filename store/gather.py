@@ -104,9 +104,16 @@ class Gather(ABC, Generic[Item, Answer]):
         else:
             answer = loop.create_future()
             self._waiting.append(_Waiting(item, answer))
-        if not self._leading and (self._writer is None or self._writer.done()):
-            self._writer = loop.create_task(self._write_while_waiting(), name=type(self).__name__)
+        if not self._leading:
+            self._ensure_writer()
         return await answer
+
+    def _ensure_writer(self) -> None:
+        """A writer for what waits, unless one is running."""
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_while_waiting(), name=type(self).__name__
+            )
 
     async def _alone(self, item: Item) -> tuple[Answer] | None:
         """Send ``item`` in this task if no other caller arrives in this turn of the loop.
@@ -128,10 +135,8 @@ class Gather(ABC, Generic[Item, Answer]):
             [answer] = await self.send([item])
         finally:
             self._leading = False
-            if self._waiting and (self._writer is None or self._writer.done()):
-                self._writer = asyncio.get_running_loop().create_task(
-                    self._write_while_waiting(), name=type(self).__name__
-                )
+            if self._waiting:
+                self._ensure_writer()
         self.stats.flushes += 1
         self.stats.rows += 1
         self.stats.largest = max(self.stats.largest, 1)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 from uuid import UUID
 
@@ -31,6 +32,14 @@ async def _claimed(store: RunStore, count: int) -> list[Lease]:
 async def _event_types(pool: Pool, job_id: UUID) -> list[int]:
     records = await Outbox(pool).events_for(job_id)
     return [decode_event(record.payload).type for record in records]
+
+
+@contextlib.asynccontextmanager
+async def _row_locked(pool: Pool, job_id: UUID) -> AsyncIterator[None]:
+    """The job's row locked by another transaction: a write to it waits until the block ends."""
+    async with pool.connection() as blocker, blocker.transaction():
+        await blocker.execute("SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (job_id,))
+        yield
 
 
 async def _together(*writes: Awaitable[Any]) -> list[Any]:
@@ -194,11 +203,8 @@ async def test_commit_points_arriving_during_a_flush_go_together_in_the_next(poo
     store = RunStore(pool)
     assert store.group is not None
     first, second, third = await _claimed(store, 3)
-    async with pool.connection() as blocker, blocker.transaction():
-        # The first flush waits on this row lock: the others arrive meanwhile.
-        await blocker.execute(
-            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (first.job_id,)
-        )
+    # The first flush waits on this row lock: the others arrive meanwhile.
+    async with _row_locked(pool, first.job_id):
         writing = asyncio.ensure_future(store.checkpoint(first, entry("tokenize", ids=[1])))
         await wait_for_lock_wait(pool)
         later = asyncio.ensure_future(
@@ -221,10 +227,7 @@ async def test_a_commit_point_that_comes_alone_is_sent_by_its_own_caller(pool: P
     store = RunStore(pool)
     assert store.group is not None
     alone, later = await _claimed(store, 2)
-    async with pool.connection() as blocker, blocker.transaction():
-        await blocker.execute(
-            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (alone.job_id,)
-        )
+    async with _row_locked(pool, alone.job_id):
         writing = asyncio.ensure_future(store.checkpoint(alone, entry("tokenize", ids=[1])))
         await wait_for_lock_wait(pool)
         assert "GroupCommit" not in {task.get_name() for task in asyncio.all_tasks()}
@@ -244,10 +247,7 @@ async def test_a_lone_caller_cancelled_mid_statement_leaves_the_store_writing(
 ) -> None:
     store = RunStore(pool)
     cancelled, after = await _claimed(store, 2)
-    async with pool.connection() as blocker, blocker.transaction():
-        await blocker.execute(
-            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (cancelled.job_id,)
-        )
+    async with _row_locked(pool, cancelled.job_id):
         writing = asyncio.ensure_future(store.checkpoint(cancelled, entry("tokenize", ids=[1])))
         await wait_for_lock_wait(pool)
         writing.cancel()
@@ -265,10 +265,7 @@ async def test_a_lone_caller_cancelled_mid_statement_leaves_the_store_writing(
 async def test_a_runner_cancelled_before_its_flush_writes_nothing(pool: Pool) -> None:
     store = RunStore(pool)
     first, dropped = await _claimed(store, 2)
-    async with pool.connection() as blocker, blocker.transaction():
-        await blocker.execute(
-            "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (first.job_id,)
-        )
+    async with _row_locked(pool, first.job_id):
         writing = asyncio.ensure_future(store.checkpoint(first, entry("tokenize", ids=[1])))
         await wait_for_lock_wait(pool)
         waiting = asyncio.ensure_future(store.checkpoint(dropped, entry("tokenize", ids=[2])))

@@ -36,6 +36,17 @@ async def bearer(dsn: str, principal: str, scopes: Iterable[str]) -> dict[str, s
 
 
 @contextlib.asynccontextmanager
+async def running(env: Mapping[str, str]) -> AsyncIterator[Runtime]:
+    """A started runtime with the settings ``env`` gives and the test handlers, stopped after."""
+    runtime = Runtime(Settings.from_env(env), registry=make_registry())
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+@contextlib.asynccontextmanager
 async def serve(
     env: Mapping[str, str], *, token: bool = True
 ) -> AsyncIterator[tuple[TestClient[Any, Any], Runtime]]:

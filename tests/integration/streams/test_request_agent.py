@@ -20,9 +20,8 @@ from store.runs import RunStore
 from streams.admission import Admission, QueueDepth
 from streams.request_agent import RequestHandler, handle_until_done
 from streams.runtime import Runtime
-from streams.settings import Settings
-from tests.integration.streams.conftest import Letters
-from tests.workflows_fixtures import envelope, make_registry
+from tests.integration.streams.conftest import Letters, running
+from tests.workflows_fixtures import envelope
 
 
 def request(job_id: str, name: str = "stored", **input: Any) -> bytes:
@@ -155,21 +154,18 @@ class CountingAdmission(Admission):
 async def test_a_full_backlog_holds_requests_back_until_there_is_room(
     dsn: str, letters: Letters
 ) -> None:
-    settings = Settings.from_env(
+    async with running(
         {
             "DATABASE_URL": dsn,
             "WFJOBS_ROLES": "api",
             "WFJOBS_WORKER_ID": "agent-test",
             "WFJOBS_MAX_QUEUED_JOBS": "1",
         }
-    )
-    runtime = Runtime(settings, registry=make_registry())
-    await runtime.start()
-    # Every check reads the store, and each refusal is counted, so the test
-    # waits on the agent's retries rather than on a clock.
-    admission = CountingAdmission(runtime.admission.cap, refresh_s=0.0)
-    runtime.admission = admission
-    try:
+    ) as runtime:
+        # Every check reads the store, and each refusal is counted, so the test
+        # waits on the agent's retries rather than on a clock.
+        admission = CountingAdmission(runtime.admission.cap, refresh_s=0.0)
+        runtime.admission = admission
         await runtime.require_definitions().put("stored", envelope(name="stored"))
         handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
         first, second = str(uuid.uuid4()), str(uuid.uuid4())
@@ -192,5 +188,3 @@ async def test_a_full_backlog_holds_requests_back_until_there_is_room(
         assert outcome.kind == "submitted"
         assert (await runtime.require_runs().get(second)).status == "QUEUED"
         assert letters.sent == []
-    finally:
-        await runtime.stop()

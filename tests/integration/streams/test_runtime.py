@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
-from streams.runtime import Runtime
-from streams.settings import Settings
-from tests.workflows_fixtures import make_registry
+from tests.integration.streams.conftest import running
 
 
 @pytest.mark.parametrize(
@@ -27,12 +25,9 @@ async def test_roles_start_their_loops_and_share_one_listener(
     relay: bool,
     channels: tuple[str, ...] | None,
 ) -> None:
-    settings = Settings.from_env(
+    async with running(
         {"DATABASE_URL": dsn, "WFJOBS_ROLES": roles, "WFJOBS_WORKER_ID": "roles-test"}
-    )
-    runtime = Runtime(settings, registry=make_registry())
-    await runtime.start()
-    try:
+    ) as runtime:
         await runtime.wait_ready()
         assert (runtime.claims is not None) is claims
         assert (runtime.sweeper is not None) is claims
@@ -55,34 +50,23 @@ async def test_roles_start_their_loops_and_share_one_listener(
         assert runs.submits.pool is (runtime.submit_pool if submits else runtime.pool)
         # Every role can reach the store; the verbs need nothing more.
         assert await runtime.check_store() == ""
-    finally:
-        await runtime.stop()
 
 
 async def test_without_group_commit_no_writer_has_a_connection_of_its_own(dsn: str) -> None:
-    settings = Settings.from_env(
+    async with running(
         {
             "DATABASE_URL": dsn,
             "WFJOBS_ROLES": "api,worker",
             "WFJOBS_WORKER_ID": "no-group-commit",
             "WFJOBS_GROUP_COMMIT": "false",
         }
-    )
-    runtime = Runtime(settings, registry=make_registry())
-    await runtime.start()
-    try:
+    ) as runtime:
         await runtime.wait_ready()
         assert runtime.commit_pool is None and runtime.submit_pool is None
         assert runtime.claim_pool is not None
-    finally:
-        await runtime.stop()
 
 
 async def test_without_a_store_no_loop_starts() -> None:
-    runtime = Runtime(Settings.from_env({"WFJOBS_WORKER_ID": "no-store"}), registry=make_registry())
-    await runtime.start()
-    try:
+    async with running({"WFJOBS_WORKER_ID": "no-store"}) as runtime:
         assert runtime.claims is None and runtime.relay is None and runtime.listener is None
         assert "DATABASE_URL" in await runtime.check_store()
-    finally:
-        await runtime.stop()

@@ -33,6 +33,13 @@ Rows:
   ``UPDATE ... FOR UPDATE SKIP LOCKED`` claim and one DELETE per job, each its
   own commit: the least a queue that takes one job at a time can do. (A queue
   that claims and completes in batches, as pgqueuer does, commits less often.)
+* ``bare SKIP LOCKED, a durable commit and an event per step`` and its
+  ``gathered`` twin -- the bare queue keeping the product's two conditions:
+  each step's answer and its event committed, and flushed, before the next
+  step starts. One commit per step from each runner's connection, or every
+  ready commit point in one statement, as the product's group commit does.
+* ``workflow-jobs' store alone, no engine`` -- the first row's writes through
+  its ``RunStore``, with nothing on top.
 
 Every run is a child process of its own (a clean interpreter, its own CPU
 accounting) in a fresh database, and first does an unmeasured warm-up of the
@@ -143,6 +150,20 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("pgqueuer", "pgqueuer", "pgqueuer", peer=True),
     SystemSpec("procrastinate", "procrastinate", "procrastinate", peer=True),
     SystemSpec("baseline", "bare SKIP LOCKED", None, peer=False, paced=False),
+    SystemSpec(
+        "baseline-steps",
+        "bare SKIP LOCKED, a durable commit and an event per step",
+        None,
+        peer=False,
+        paced=False,
+    ),
+    SystemSpec(
+        "baseline-gathered",
+        "bare SKIP LOCKED, a durable commit and an event per step, gathered",
+        None,
+        peer=False,
+        paced=False,
+    ),
     SystemSpec(
         "store-alone", "workflow-jobs' store alone, no engine", None, peer=False, paced=False
     ),
@@ -1203,9 +1224,19 @@ BASELINE_SCHEMA = """
 CREATE TABLE bench_job (
     id bigserial PRIMARY KEY,
     payload jsonb NOT NULL,
-    claimed_at timestamptz
+    claimed_at timestamptz,
+    checkpoints jsonb NOT NULL DEFAULT '[]'
 );
 CREATE INDEX bench_job_unclaimed ON bench_job (id) WHERE claimed_at IS NULL;
+-- The durable-step rows' outbox, indexed as the product's is.
+CREATE TABLE bench_event (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    payload bytea NOT NULL,
+    status text NOT NULL DEFAULT 'PENDING'
+);
+CREATE INDEX bench_event_pending ON bench_event (id) WHERE status = 'PENDING';
+CREATE INDEX bench_event_job ON bench_event (job_id, id);
 """
 BASELINE_ENQUEUE = "INSERT INTO bench_job (payload) VALUES (%s)"
 BASELINE_CLAIM = """
@@ -1215,18 +1246,52 @@ UPDATE bench_job SET claimed_at = now()
 RETURNING id, payload
 """
 BASELINE_COMPLETE = "DELETE FROM bench_job WHERE id = %s"
+# The least a queue that makes each step durable before the next, with an
+# event of each commit point in the same transaction, can write: a step's
+# answer onto the job's row and its event, in one autocommit statement; the
+# completion deletes the row and writes the last step's event and its own.
+BASELINE_CHECKPOINT = """
+WITH step AS (
+    UPDATE bench_job SET checkpoints = checkpoints || %(answer)s WHERE id = %(id)s RETURNING id
+)
+INSERT INTO bench_event (job_id, payload) SELECT id, %(event)s FROM step
+"""
+BASELINE_COMPLETE_WITH_EVENTS = """
+WITH done AS (DELETE FROM bench_job WHERE id = %(id)s RETURNING id)
+INSERT INTO bench_event (job_id, payload)
+SELECT id, %(event)s FROM done UNION ALL SELECT id, %(event)s FROM done
+"""
+BASELINE_STEPS = 3
+# About the size of the product's STEP_CHECKPOINT event.
+BASELINE_EVENT = bytes(256)
 
 
 class BaselineQueue:
-    """The floor: one statement to enqueue, one to claim, one to complete, all autocommit."""
+    """The floor: one statement to enqueue, one to claim, one to complete, all autocommit.
 
-    def __init__(self, target: Target) -> None:
+    With ``durable_steps``, the floor under the two conditions of the
+    performance goals: every step's answer is committed, and waits for its WAL
+    flush, before the next step starts (the last one with the completion), and
+    every commit point writes its events in the same transaction. The claim,
+    which publishes nothing, does not wait for its flush (as the product's does
+    not). Three durable commits in a row per job, no engine, one connection per
+    runner so that Postgres groups their flushes.
+    """
+
+    def __init__(self, target: Target, *, durable_steps: bool = False) -> None:
         self.target = target
+        self.durable_steps = durable_steps
         self.settings = {
             "driver": "psycopg (async)",
-            "connections": target.concurrency,
-            "claim": "1 job per statement",
+            "connections": target.concurrency * (2 if durable_steps else 1),
+            "claim": "1 job per statement"
+            + (", its commit not waiting for the WAL flush" if durable_steps else ""),
         }
+        if durable_steps:
+            self.settings["steps"] = (
+                f"{BASELINE_STEPS}, each answer and its {len(BASELINE_EVENT)}-byte event "
+                "committed before the next starts, the last with the DELETE"
+            )
         self.handled = 0
 
     async def setup(self) -> None:
@@ -1249,15 +1314,29 @@ class BaselineQueue:
             for index in indexes:
                 await conn.execute(BASELINE_ENQUEUE, (payloads[index],))
 
+        answer = Jsonb([{"answer": "ok"}])
+
         async def consumer() -> None:
             # Connecting is part of starting a worker, as it is for every other row.
             conn = await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True)
             consumers.append(conn)
+            claims = conn
+            if self.durable_steps:
+                claims = await psycopg.AsyncConnection.connect(
+                    self.target.dsn, autocommit=True, options="-c synchronous_commit=off"
+                )
+                consumers.append(claims)
             while True:
-                row = await (await conn.execute(BASELINE_CLAIM)).fetchone()
+                row = await (await claims.execute(BASELINE_CLAIM)).fetchone()
                 if row is None:
                     return  # nothing left that another consumer is not already holding
-                await conn.execute(BASELINE_COMPLETE, (row[0],))
+                if self.durable_steps:
+                    point = {"id": row[0], "answer": answer, "event": BASELINE_EVENT}
+                    for _ in range(BASELINE_STEPS - 1):
+                        await conn.execute(BASELINE_CHECKPOINT, point)
+                    await conn.execute(BASELINE_COMPLETE_WITH_EVENTS, point)
+                else:
+                    await conn.execute(BASELINE_COMPLETE, (row[0],))
                 self.handled += 1
 
         try:
@@ -1279,14 +1358,170 @@ class BaselineQueue:
         return {}
 
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
+        return await self.verify_handled(self.handled, measured_jobs)
+
+    async def verify_handled(self, handled: int, measured_jobs: int) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
             row = await (await conn.execute("SELECT count(*) FROM bench_job")).fetchone()
         left = int(row[0]) if row else -1
         return {
             "jobs left": left,
-            "handler calls": self.handled,
-            "ok": left == 0 and self.handled == measured_jobs,
+            "handler calls": handled,
+            "ok": left == 0 and handled == measured_jobs,
         }
+
+
+BASELINE_CLAIM_BATCH = """
+UPDATE bench_job SET claimed_at = now()
+ WHERE id IN (SELECT id FROM bench_job WHERE claimed_at IS NULL
+              ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING id, payload
+"""
+# Every runner's next commit point in one statement and one commit: a step's
+# answer onto the rows that have steps left, the completion (DELETE) for the
+# rows whose last step it was.
+BASELINE_GATHERED_WRITE = """
+WITH point AS (SELECT * FROM unnest(%s::bigint[], %s::bool[]) AS t(id, last)),
+step AS (
+    UPDATE bench_job b SET checkpoints = b.checkpoints || %s
+      FROM point WHERE b.id = point.id AND NOT point.last
+    RETURNING b.id
+),
+done AS (
+    DELETE FROM bench_job b USING point WHERE b.id = point.id AND point.last RETURNING b.id
+)
+INSERT INTO bench_event (job_id, payload)
+SELECT id, %s FROM step
+UNION ALL SELECT id, %s FROM done
+UNION ALL SELECT id, %s FROM done
+"""
+
+
+class GatheredSteps:
+    """The durable-step floor with the product's batching and none of its rows.
+
+    Claims of up to ``CLAIM_AHEAD`` jobs whenever that many more fit beside the
+    jobs in hand, their commits not waiting for the WAL flush; then, per job,
+    three commit points in a row (two step answers, then the completion with
+    the third), each awaited before the next. One writer gathers every commit
+    point that is ready into one statement and one durable commit, and sends
+    the next as soon as the previous returns. Each commit point writes its
+    events (``BASELINE_EVENT``, the completion two) in the same statement. A
+    job row of one ``bigserial`` and three other columns, no attempt rows, no
+    engine.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.settings = {
+            "driver": "psycopg (async)",
+            "runners": target.concurrency,
+            "claim batch": CLAIM_AHEAD,
+            "commit points": "gathered by one writer, flushed as soon as the previous returns",
+            "events": f"{len(BASELINE_EVENT)} bytes each, in the commit point's statement",
+        }
+        self.handled = 0
+
+    async def setup(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
+            await conn.execute(BASELINE_SCHEMA)
+
+    async def run(self, jobs: int, phase: str) -> Phase:
+        from psycopg.types.json import Jsonb
+
+        c = self.target.concurrency
+        self.handled = 0
+        connect = psycopg.AsyncConnection.connect
+        producers = [await connect(self.target.dsn, autocommit=True) for _ in range(c)]
+        payloads = [Jsonb(job_input(index)) for index in range(jobs)]
+        answer = Jsonb([{"answer": "ok"}])
+        claims = await connect(
+            self.target.dsn, autocommit=True, options="-c synchronous_commit=off"
+        )
+        writes = await connect(self.target.dsn, autocommit=True)
+        claimed: asyncio.Queue[int | None] = asyncio.Queue()
+        room = asyncio.Semaphore(c + CLAIM_AHEAD)
+        pending: list[tuple[int, bool, asyncio.Future[None]]] = []
+        ready = asyncio.Event()
+
+        async def producer(conn: psycopg.AsyncConnection[Any], indexes: Iterator[int]) -> None:
+            for index in indexes:
+                await conn.execute(BASELINE_ENQUEUE, (payloads[index],))
+
+        async def claimer() -> None:
+            while True:
+                for _ in range(CLAIM_AHEAD):
+                    await room.acquire()
+                rows = await (await claims.execute(BASELINE_CLAIM_BATCH, (CLAIM_AHEAD,))).fetchall()
+                for _ in range(CLAIM_AHEAD - len(rows)):
+                    room.release()
+                for row in rows:
+                    claimed.put_nowait(int(row[0]))
+                if not rows:
+                    for _ in range(c):
+                        claimed.put_nowait(None)
+                    return
+
+        async def writer() -> None:
+            while True:
+                await ready.wait()
+                ready.clear()
+                batch = pending[:]
+                del pending[:]
+                try:
+                    await writes.execute(
+                        BASELINE_GATHERED_WRITE,
+                        (
+                            [job for job, _, _ in batch],
+                            [last for _, last, _ in batch],
+                            answer,
+                            *(BASELINE_EVENT,) * 3,
+                        ),
+                    )
+                except BaseException as exc:
+                    for _, _, done in batch:
+                        done.set_exception(exc)
+                    raise
+                for _, _, done in batch:
+                    done.set_result(None)
+                if pending:
+                    ready.set()
+
+        async def commit(job: int, last: bool) -> None:
+            done = asyncio.get_running_loop().create_future()
+            pending.append((job, last, done))
+            ready.set()
+            await done
+
+        async def runner() -> None:
+            while (job := await claimed.get()) is not None:
+                for step in range(1, BASELINE_STEPS + 1):
+                    await commit(job, step == BASELINE_STEPS)
+                self.handled += 1
+                room.release()
+
+        write_task = None
+        try:
+            started, cpu_started = time.monotonic(), time.process_time()
+            indexes = iter(range(jobs))
+            await asyncio.gather(*(producer(conn, indexes) for conn in producers))
+            enqueued = time.monotonic()
+            write_task = asyncio.create_task(writer())
+            await asyncio.gather(claimer(), *(runner() for _ in range(c)))
+            drained = time.monotonic()
+            cpu_done = time.process_time()
+        finally:
+            if write_task is not None:
+                write_task.cancel()
+            for conn in (*producers, claims, writes):
+                await conn.close()
+        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+
+    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
+        return {}
+
+    async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
+        return await BaselineQueue(self.target).verify_handled(self.handled, measured_jobs)
 
 
 def make_system(key: str, target: Target) -> System:
@@ -1299,6 +1534,10 @@ def make_system(key: str, target: Target) -> System:
         return ProcrastinatePeer(target)
     if key == "baseline":
         return BaselineQueue(target)
+    if key == "baseline-steps":
+        return BaselineQueue(target, durable_steps=True)
+    if key == "baseline-gathered":
+        return GatheredSteps(target)
     if key == "store-alone":
         return StoreAlone(target)
     raise ValueError(f"unknown system {key!r}")

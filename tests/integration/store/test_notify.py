@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import psycopg
+import asyncio
+import uuid
 
+import psycopg
+import pytest
+
+from schemas.errors import LeaseLost
 from schemas.verdicts import StepVerdict
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.notify import listen
@@ -74,3 +79,38 @@ async def test_a_listening_connection_yields_the_channel_of_each_notification(
         await submit(RunStore(pool))
         heard = {await anext(notified), await anext(notified)}
     assert heard == {JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL}
+
+
+async def test_a_write_that_inserts_nothing_wakes_no_one(dsn: str, pool: Pool) -> None:
+    store = RunStore(pool)
+    job_id = uuid.uuid4()
+    await submit(store, job_id=job_id)
+    stale = await store.claim("w1")
+    assert stale is not None
+    await store.hand_back(stale.lease)
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {JOBS_QUEUED_CHANNEL}".encode())
+        await listener.execute(f"LISTEN {OUTBOX_CHANNEL}".encode())
+
+        # The same id again inserts no job and no ACCEPTED event.
+        await submit(store, job_id=job_id)
+        assert await _heard(listener) == set()
+
+        # A completion under a lease that is gone writes no event.
+        with pytest.raises(LeaseLost):
+            await store.complete(stale.lease, result={}, verdict="done")
+        assert await _heard(listener) == set()
+
+        await store.complete(claimed.lease, result={}, verdict="done")
+        assert await _heard(listener) == {OUTBOX_CHANNEL}
+
+
+async def test_jobs_submitted_together_wake_their_listeners(dsn: str, pool: Pool) -> None:
+    store = RunStore(pool)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {JOBS_QUEUED_CHANNEL}".encode())
+        await listener.execute(f"LISTEN {OUTBOX_CHANNEL}".encode())
+        await asyncio.gather(*(submit(store) for _ in range(12)))
+        assert await _heard(listener) == {JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL}

@@ -1301,31 +1301,52 @@ class BaselineQueue:
     async def run(self, jobs: int, phase: str) -> Phase:
         from psycopg.types.json import Jsonb
 
-        c = self.target.concurrency
         self.handled = 0
         producers = [
             await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True)
-            for _ in range(c)
+            for _ in range(self.target.concurrency)
         ]
         payloads = [Jsonb(job_input(index)) for index in range(jobs)]
-        consumers: list[psycopg.AsyncConnection[Any]] = []
+        opened: list[psycopg.AsyncConnection[Any]] = []
 
         async def producer(conn: psycopg.AsyncConnection[Any], indexes: Iterator[int]) -> None:
             for index in indexes:
                 await conn.execute(BASELINE_ENQUEUE, (payloads[index],))
 
+        try:
+            started, cpu_started = time.monotonic(), time.process_time()
+            indexes = iter(range(jobs))
+            await asyncio.gather(*(producer(conn, indexes) for conn in producers))
+            enqueued = time.monotonic()
+            await self.drain(opened)
+            drained = time.monotonic()
+            cpu_done = time.process_time()
+        finally:
+            for conn in (*producers, *opened):
+                await conn.close()
+        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+
+    async def connect(
+        self, opened: list[psycopg.AsyncConnection[Any]], *, flush_wait: bool = True
+    ) -> psycopg.AsyncConnection[Any]:
+        """A connection for the drain, closed with the run's; without ``flush_wait``
+        its commits do not wait for their WAL flush."""
+        options = "" if flush_wait else "-c synchronous_commit=off"
+        conn = await psycopg.AsyncConnection.connect(
+            self.target.dsn, autocommit=True, options=options
+        )
+        opened.append(conn)
+        return conn
+
+    async def drain(self, opened: list[psycopg.AsyncConnection[Any]]) -> None:
+        from psycopg.types.json import Jsonb
+
         answer = Jsonb([{"answer": "ok"}])
 
         async def consumer() -> None:
             # Connecting is part of starting a worker, as it is for every other row.
-            conn = await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True)
-            consumers.append(conn)
-            claims = conn
-            if self.durable_steps:
-                claims = await psycopg.AsyncConnection.connect(
-                    self.target.dsn, autocommit=True, options="-c synchronous_commit=off"
-                )
-                consumers.append(claims)
+            conn = await self.connect(opened)
+            claims = await self.connect(opened, flush_wait=False) if self.durable_steps else conn
             while True:
                 row = await (await claims.execute(BASELINE_CLAIM)).fetchone()
                 if row is None:
@@ -1339,18 +1360,7 @@ class BaselineQueue:
                     await conn.execute(BASELINE_COMPLETE, (row[0],))
                 self.handled += 1
 
-        try:
-            started, cpu_started = time.monotonic(), time.process_time()
-            indexes = iter(range(jobs))
-            await asyncio.gather(*(producer(conn, indexes) for conn in producers))
-            enqueued = time.monotonic()
-            await asyncio.gather(*(consumer() for _ in range(c)))
-            drained = time.monotonic()
-            cpu_done = time.process_time()
-        finally:
-            for conn in (*producers, *consumers):
-                await conn.close()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+        await asyncio.gather(*(consumer() for _ in range(self.target.concurrency)))
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         # A consumer that finds the queue empty stops: the bare queue has no
@@ -1358,16 +1368,13 @@ class BaselineQueue:
         return {}
 
     async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
-        return await self.verify_handled(self.handled, measured_jobs)
-
-    async def verify_handled(self, handled: int, measured_jobs: int) -> dict[str, Any]:
         async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
             row = await (await conn.execute("SELECT count(*) FROM bench_job")).fetchone()
         left = int(row[0]) if row else -1
         return {
             "jobs left": left,
-            "handler calls": handled,
-            "ok": left == 0 and handled == measured_jobs,
+            "handler calls": self.handled,
+            "ok": left == 0 and self.handled == measured_jobs,
         }
 
 
@@ -1397,7 +1404,7 @@ UNION ALL SELECT id, %s FROM done
 """
 
 
-class GatheredSteps:
+class GatheredSteps(BaselineQueue):
     """The durable-step floor with the product's batching and none of its rows.
 
     Claims of up to ``CLAIM_AHEAD`` jobs whenever that many more fit beside the
@@ -1412,7 +1419,7 @@ class GatheredSteps:
     """
 
     def __init__(self, target: Target) -> None:
-        self.target = target
+        super().__init__(target, durable_steps=True)
         self.settings = {
             "driver": "psycopg (async)",
             "runners": target.concurrency,
@@ -1420,33 +1427,18 @@ class GatheredSteps:
             "commit points": "gathered by one writer, flushed as soon as the previous returns",
             "events": f"{len(BASELINE_EVENT)} bytes each, in the commit point's statement",
         }
-        self.handled = 0
 
-    async def setup(self) -> None:
-        async with await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True) as conn:
-            await conn.execute(BASELINE_SCHEMA)
-
-    async def run(self, jobs: int, phase: str) -> Phase:
+    async def drain(self, opened: list[psycopg.AsyncConnection[Any]]) -> None:
         from psycopg.types.json import Jsonb
 
         c = self.target.concurrency
-        self.handled = 0
-        connect = psycopg.AsyncConnection.connect
-        producers = [await connect(self.target.dsn, autocommit=True) for _ in range(c)]
-        payloads = [Jsonb(job_input(index)) for index in range(jobs)]
         answer = Jsonb([{"answer": "ok"}])
-        claims = await connect(
-            self.target.dsn, autocommit=True, options="-c synchronous_commit=off"
-        )
-        writes = await connect(self.target.dsn, autocommit=True)
+        claims = await self.connect(opened, flush_wait=False)
+        writes = await self.connect(opened)
         claimed: asyncio.Queue[int | None] = asyncio.Queue()
         room = asyncio.Semaphore(c + CLAIM_AHEAD)
         pending: list[tuple[int, bool, asyncio.Future[None]]] = []
         ready = asyncio.Event()
-
-        async def producer(conn: psycopg.AsyncConnection[Any], indexes: Iterator[int]) -> None:
-            for index in indexes:
-                await conn.execute(BASELINE_ENQUEUE, (payloads[index],))
 
         async def claimer() -> None:
             while True:
@@ -1500,28 +1492,11 @@ class GatheredSteps:
                 self.handled += 1
                 room.release()
 
-        write_task = None
+        write_task = asyncio.create_task(writer())
         try:
-            started, cpu_started = time.monotonic(), time.process_time()
-            indexes = iter(range(jobs))
-            await asyncio.gather(*(producer(conn, indexes) for conn in producers))
-            enqueued = time.monotonic()
-            write_task = asyncio.create_task(writer())
             await asyncio.gather(claimer(), *(runner() for _ in range(c)))
-            drained = time.monotonic()
-            cpu_done = time.process_time()
         finally:
-            if write_task is not None:
-                write_task.cancel()
-            for conn in (*producers, claims, writes):
-                await conn.close()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
-
-    async def paced(self, jobs: int, rate: float) -> dict[str, float]:
-        return {}
-
-    async def verify(self, total_jobs: int, measured_jobs: int) -> dict[str, Any]:
-        return await BaselineQueue(self.target).verify_handled(self.handled, measured_jobs)
+            write_task.cancel()
 
 
 def make_system(key: str, target: Target) -> System:

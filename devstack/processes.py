@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Protocol, Self
 
 from confluent_kafka.admin import AdminClient
@@ -50,6 +50,50 @@ class ServiceError(RuntimeError):
 # port (a broker outage in a test) finds it still free unless another random
 # draw took it meanwhile.
 _SERVER_PORTS = range(20000, 32768)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM as a request to stop, for a process that runs until told.
+
+    The handler only sets a flag. A ``threading.Event`` set from a signal
+    handler can deadlock the process: the handler runs on the main thread
+    between any two bytecodes, so it may run while that same thread, inside
+    ``Event.wait``, holds the event's lock, which ``set`` then waits for
+    forever. The previous handlers come back on exit.
+    """
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # How soon a sleeping ``wait`` notices a request: ``time.sleep`` resumes
+    # after a handler returns, so it sleeps in slices.
+    _SLICE_S = 0.1
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def __enter__(self) -> Self:
+        for signum in self._SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._request)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _request(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less once a stop is requested; whether one was."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, self._SLICE_S))
+        return self.requested
 
 
 def free_port(host: str = LOOPBACK) -> int:

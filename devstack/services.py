@@ -10,15 +10,12 @@ what it started by pid. The launchers live one per module: :mod:`devstack.postgr
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
 
 from devstack.apache_kafka import ApacheKafkaService
 from devstack.postgres import PostgresService
-from devstack.processes import ServiceError, log_tail
+from devstack.processes import ServiceError, StopSignals, log_tail
 from devstack.schema_registry import SchemaRegistryService
 from devstack.tansu import TansuService
 
@@ -47,34 +44,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("service", choices=sorted(_SERVICES))
     args = parser.parse_args(argv)
 
-    stop_requested = threading.Event()
+    with StopSignals() as stops:
+        return _run(args.service, stops)
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request_stop)
-
-    service = _SERVICES[args.service]()
+def _run(name: str, stops: StopSignals) -> int:
+    service = _SERVICES[name]()
     try:
         service.start()
     except ServiceError as exc:
-        print(f"{args.service}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 1
     try:
         print(_address(service), flush=True)
         print(
-            f"{args.service}: pid {service.pid or '-'}, log {service.log_path or '-'}; "
-            "Ctrl-C to stop",
+            f"{name}: pid {service.pid or '-'}, log {service.log_path or '-'}; Ctrl-C to stop",
             file=sys.stderr,
             flush=True,
         )
-        while not stop_requested.wait(1.0):
+        while not stops.wait(1.0):
             code = service.exit_code()
             if code is not None:
                 log = service.log_path
                 tail = log_tail(log) if log else ""
-                print(f"{args.service} exited with code {code}:\n{tail}", file=sys.stderr)
+                print(f"{name} exited with code {code}:\n{tail}", file=sys.stderr)
                 return 1
         return 0
     finally:

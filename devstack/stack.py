@@ -31,13 +31,11 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -53,6 +51,7 @@ from devstack.processes import (
     Launch,
     ManagedProcess,
     ServiceError,
+    StopSignals,
     free_port,
     log_tail,
     wait_until_ready,
@@ -504,13 +503,13 @@ def run_dev_stack(
     ``workdir=None`` runs on a temporary directory, removed at stop.
     """
     console = console or Console()
-    stop = threading.Event()
+    with StopSignals() as stops:
+        return _run_dev_stack(
+            DevStack(web_port=web_port, workdir=workdir, fresh=fresh), web_port, console, stops
+        )
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stack = DevStack(web_port=web_port, workdir=workdir, fresh=fresh)
+def _run_dev_stack(stack: DevStack, web_port: int, console: Console, stops: StopSignals) -> int:
     try:
         with console.status("starting Postgres, Tansu and a worker..."):
             stack.start()
@@ -525,7 +524,7 @@ def run_dev_stack(
             console.print("[yellow]export the variables below before using wfjobs[/]")
         console.print(next_steps(stack))
         assert stack.worker is not None
-        while not stop.wait(0.5):
+        while not stops.wait(0.5):
             code = stack.worker.exit_code()
             if code is not None:
                 console.print(
@@ -540,5 +539,3 @@ def run_dev_stack(
         return 1
     finally:
         stack.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

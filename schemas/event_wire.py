@@ -19,13 +19,15 @@ holds the bytes equal to the message path's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 from schemas.struct_wire import struct_bytes, varint
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 # Tags (field number << 3 | wire type) of WorkflowRunEvent (events.proto).
 _JOB_ID = b"\x12"  # 2, length-delimited
@@ -60,15 +62,20 @@ def _message(tag: bytes, raw: bytes) -> bytes:
 def _timestamp(moment: datetime) -> bytes | None:
     if moment.tzinfo is not UTC:
         return None
-    since = moment - _EPOCH
-    seconds = since.days * 86_400 + since.seconds
-    if seconds < 0:
+    micros = (moment - _EPOCH) // _MICROSECOND
+    if micros < 0:
         return None
-    nanos = since.microseconds * 1_000
-    raw = (_SECONDS + varint(seconds) if seconds else b"") + (
-        _NANOS + varint(nanos) if nanos else b""
+    seconds, fraction = divmod(micros, 1_000_000)
+    raw = (_seconds_field(seconds) if seconds else b"") + (
+        _NANOS + varint(fraction * 1_000) if fraction else b""
     )
     return _message(_OCCURRED_AT, raw)
+
+
+@lru_cache(maxsize=4)
+def _seconds_field(seconds: int) -> bytes:
+    # Every event of the same second shares it; a process writes them in order.
+    return _SECONDS + varint(seconds)
 
 
 _INT32_MAX = 2**31 - 1
@@ -77,12 +84,20 @@ _INT32_MAX = 2**31 - 1
 def _head(job_id: UUID, event_type: int, workflow_name: str, attempt: int) -> bytes | None:
     if not workflow_name or not 0 <= attempt <= _INT32_MAX:
         return None
-    return (
-        _text(_JOB_ID, str(job_id))
-        + _TYPE
-        + varint(event_type)
-        + _text(_WORKFLOW_NAME, workflow_name)
-        + (_ATTEMPT + varint(attempt) if attempt else b"")
+    job, attempt_of_job = _job_fields(job_id, workflow_name, attempt)
+    return job + _TYPE + varint(event_type) + attempt_of_job
+
+
+@lru_cache(maxsize=4096)
+def _job_fields(job_id: UUID, workflow_name: str, attempt: int) -> tuple[bytes, bytes]:
+    """The fields every event of one attempt repeats: before and after its type.
+
+    An attempt writes an event at each of its commit points, and the job id's
+    text alone costs more to make than the cache lookup; the cache holds more
+    attempts than a worker runs at once.
+    """
+    return _text(_JOB_ID, str(job_id)), _text(_WORKFLOW_NAME, workflow_name) + (
+        _ATTEMPT + varint(attempt) if attempt else b""
     )
 
 

@@ -173,3 +173,28 @@ def test_an_accepted_event_the_wire_path_cannot_vouch_for_is_left_to_the_message
         )
         is None
     )
+
+
+def test_events_of_one_job_keep_each_attempts_own_fields_when_written_again() -> None:
+    # The fields every event of an attempt repeats are made once per attempt:
+    # a job's later attempt, or another job, must never get an earlier one's.
+    now = datetime(2026, 12, 2, 21, 30, 15, 123456, tzinfo=UTC)
+    jobs = [uuid.uuid4(), uuid.uuid4()]
+    for _ in range(2):
+        for job_id in jobs:
+            for workflow, attempt in (("w", 0), ("w", 1), ("w", 2), ("other", 1)):
+                for moment in (now, now + timedelta(seconds=1), now + timedelta(microseconds=1)):
+                    fields: dict[str, Any] = {
+                        "job_id": job_id,
+                        "workflow_name": workflow,
+                        "attempt": attempt,
+                        "occurred_at": moment,
+                    }
+                    assert completed_bytes(
+                        **fields, verdict="done", result={"x": 1}
+                    ) == _message_bytes(
+                        event_type=EventType.TYPE_COMPLETED,
+                        **fields,
+                        verdict="done",
+                        result={"x": 1},
+                    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -317,6 +318,55 @@ async def test_a_deadline_used_up_between_steps_is_retryable() -> None:
         )
     assert caught.value.kind is FailureKind.RETRYABLE
     assert "before this step could start" in caught.value.message
+
+
+async def test_a_deadline_passing_during_a_checkpoint_lets_it_finish_and_stops_the_next_step() -> (
+    None
+):
+    workflow = compile_definition(envelope(review=None, deadline_ms=100))
+    finished: list[str] = []
+
+    async def slow_checkpoint(entry: dict[str, Any]) -> None:
+        await asyncio.sleep(0.3)  # the deadline passes while the store commits
+        finished.append(entry["name"])
+
+    with pytest.raises(StepFailure) as caught:
+        await run_segment(
+            workflow,
+            workflow.validate_input({"text": TEXT}),
+            [],
+            job_id="job-1",
+            attempt=1,
+            on_checkpoint=slow_checkpoint,
+            registry=make_registry(),
+        )
+    assert finished == ["tokenize"]
+    assert caught.value.kind is FailureKind.RETRYABLE
+    assert caught.value.step_name == "embed"
+    assert "before this step could start" in caught.value.message
+
+
+async def test_a_cancelled_segment_is_cancelled_not_timed_out() -> None:
+    workflow = compile_definition(envelope(review="invoke", deadline_ms=60_000))
+    segment = asyncio.create_task(_run(workflow, {"text": TEXT, "delay_ms": 2000}))
+    await asyncio.sleep(0.05)
+    segment.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await segment
+
+
+async def test_a_cancellation_racing_the_deadline_stays_a_cancellation() -> None:
+    workflow = compile_definition(envelope(review="invoke", deadline_ms=50))
+    segment = asyncio.create_task(_run(workflow, {"text": TEXT, "delay_ms": 2000}))
+
+    def cancel_after_the_deadline() -> None:
+        # The deadline's cancellation is already requested; this one is the caller's.
+        segment.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, cancel_after_the_deadline)
+    with pytest.raises(asyncio.CancelledError):
+        await segment
 
 
 async def test_a_handlers_own_timeout_is_not_the_segment_deadline() -> None:

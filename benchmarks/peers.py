@@ -59,7 +59,8 @@ transactions per job (transaction ids handed out), Postgres commits per job
 statements per job (``pg_stat_statements``, when loaded),
 WAL bytes per job (server-wide; only one system runs at a time), CPU
 milliseconds per job of the Python process over both phases (all its threads,
-including librdkafka's), and CPU milliseconds per job of the Postgres server
+including librdkafka's) and in the drain alone, with how busy that kept the
+process (a share of one core), and CPU milliseconds per job of the Postgres server
 (postmaster, its background processes and every backend that ran).
 Commits and statements also include the small fixed cost of starting and
 stopping the worker, spread over the jobs.
@@ -180,6 +181,8 @@ class Phase:
     drain_s: float
     cpu_s: float
     handled: int
+    # The Python side's CPU in the drain alone.
+    drain_cpu_s: float
 
 
 @dataclass
@@ -207,6 +210,7 @@ class ChildResult:
     wal_bytes: int
     write_xacts: int
     verified: bool
+    drain_cpu_s: float = 0.0
     checks: dict[str, Any] = field(default_factory=dict)
     # Submit-to-completion latencies of the paced phase, milliseconds.
     paced: dict[str, float] = field(default_factory=dict)
@@ -742,7 +746,7 @@ class WorkflowJobs:
         try:
             started, cpu_started = time.monotonic(), time.process_time()
             await fan_out(jobs, c, submit)
-            enqueued = time.monotonic()
+            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
             await worker.start()
             await worker.wait_ready()
             claims = worker.claims
@@ -763,7 +767,13 @@ class WorkflowJobs:
         finally:
             await worker.stop()
             await api.stop()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, handled)
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            handled,
+            cpu_done - cpu_enqueued,
+        )
 
     async def _until_outbox_settled(self, api: Runtime) -> None:
         assert api.pool is not None
@@ -957,7 +967,7 @@ class StoreAlone:
 
             started, cpu_started = time.monotonic(), time.process_time()
             await fan_out(jobs, c, submit)
-            enqueued = time.monotonic()
+            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
             await asyncio.gather(claimer(), *(runner() for _ in range(c)))
             drained = time.monotonic()
             cpu_done = time.process_time()
@@ -965,7 +975,13 @@ class StoreAlone:
             for each in pools:
                 await each.close()
             await api.stop()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, handled)
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            handled,
+            cpu_done - cpu_enqueued,
+        )
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         # Its runners stop once the queue is empty: nothing waits for a wake-up.
@@ -1051,7 +1067,7 @@ class PgQueuerPeer:
         try:
             started, cpu_started = time.monotonic(), time.process_time()
             await fan_out(jobs, c, enqueue)
-            enqueued = time.monotonic()
+            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
             worker_conn = await asyncpg.connect(self.target.dsn)
             pgq = PgQueuer(AsyncpgDriver(worker_conn))
 
@@ -1072,7 +1088,13 @@ class PgQueuerPeer:
             if worker_conn is not None:
                 await worker_conn.close()
             await pool.close()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            self.handled,
+            cpu_done - cpu_enqueued,
+        )
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         import asyncpg
@@ -1164,11 +1186,17 @@ class ProcrastinatePeer:
             await connector.pool.wait(timeout=30.0)
             started, cpu_started = time.monotonic(), time.process_time()
             await fan_out(jobs, c, defer)
-            enqueued = time.monotonic()
+            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
             await app.run_worker_async(concurrency=c, wait=False, install_signal_handlers=False)
             drained = time.monotonic()
             cpu_done = time.process_time()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            self.handled,
+            cpu_done - cpu_enqueued,
+        )
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         from procrastinate import App, PsycopgConnector
@@ -1320,14 +1348,20 @@ class BaselineQueue:
             started, cpu_started = time.monotonic(), time.process_time()
             indexes = iter(range(jobs))
             await asyncio.gather(*(producer(conn, indexes) for conn in producers))
-            enqueued = time.monotonic()
+            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
             await self.drain(opened)
             drained = time.monotonic()
             cpu_done = time.process_time()
         finally:
             for conn in (*producers, *opened):
                 await conn.close()
-        return Phase(enqueued - started, drained - enqueued, cpu_done - cpu_started, self.handled)
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            self.handled,
+            cpu_done - cpu_enqueued,
+        )
 
     async def connect(
         self, opened: list[psycopg.AsyncConnection[Any]], *, flush_wait: bool = True
@@ -1569,6 +1603,7 @@ async def child_main(args: argparse.Namespace) -> ChildResult:
         kafka_cpu_s=delta(before.kafka_cpu_s, after.kafka_cpu_s),
         wal_bytes=wal_bytes(target, before.wal_lsn, after.wal_lsn),
         write_xacts=after.next_xid - before.next_xid,
+        drain_cpu_s=measured.drain_cpu_s,
         verified=bool(checks.get("ok")) and measured.handled == args.jobs,
         checks=checks,
         settings=system.settings,
@@ -1891,6 +1926,8 @@ def render(
         "statements",
         "WAL KiB",
         "Python CPU ms",
+        "of it in the drain",
+        "Python busy in the drain",
         "Postgres CPU ms",
         "all CPU ms",
         "x wfjobs",
@@ -1899,7 +1936,7 @@ def render(
     for row in rows:
         if row.result is None:
             speed.add_row(f"{row.spec.label} (not run, see below)", *["-"] * 12)
-            cost.add_row(f"{row.spec.label} (not run)", *["-"] * 8)
+            cost.add_row(f"{row.spec.label} (not run)", *["-"] * 10)
             continue
         r = row.result
         verified = all(result.verified for result in row.results)
@@ -1927,6 +1964,8 @@ def render(
             "n/a" if r.statements is None else f"{r.statements / r.jobs:.2f}",
             f"{r.wal_bytes / 1024 / r.jobs:.1f}",
             _ms(r.cpu_s, r.jobs),
+            _ms(r.drain_cpu_s, r.jobs),
+            f"{r.drain_cpu_s / max(r.drain_s, 1e-9):.0%}",
             _ms(r.postgres_cpu_s, r.jobs),
             _ms(all_cpu, r.jobs),
             ratio(all_cpu, total_cpu_s(base) if base else None),

@@ -126,6 +126,10 @@ _WATCH_INTERVAL_S = 1.0
 _CLAIM_RETRY_CAP_S = 30.0
 
 
+# What a segment holds when its next step takes no slot.
+_NO_SLOT: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+
+
 class _StoreTrouble(Exception):
     """The checkpoint observer could not write: the store's fault, not the job's."""
 
@@ -607,24 +611,23 @@ class ClaimLoops(mode.Service):
         self._claim_next_while_settling(lease)
         await self._settle(lease, outcome, held_back=holding.held_back)
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, step: Step | None) -> AsyncIterator[None]:
+    def _slot(self, step: Step | None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The per-target cap, taken for the next step's target.
 
         The cap protects what sits behind a target (one box per model) from the
         whole fleet; in-process handlers share the ``local`` target, since they
         often wrap such a service themselves. A segment that goes on to other
         targets keeps the slot it started with: a documented approximation.
+        The semaphore itself is the context: a generator around it cost every
+        segment more than the semaphore does.
         """
         if step is None or step.external:
-            yield
-            return
+            return _NO_SLOT
         target = step.remote_target or step.target or "local"
         slot = self._slots.get(target)
         if slot is None:
             slot = self._slots[target] = asyncio.Semaphore(self._max_per_target)
-        async with slot:
-            yield
+        return slot
 
     async def _segment(
         self,

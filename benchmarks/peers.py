@@ -185,6 +185,35 @@ class Phase:
     drain_cpu_s: float
 
 
+class Stopwatch:
+    """A run's two phases, timed by the wall clock and this process's CPU from its making."""
+
+    def __init__(self) -> None:
+        self._started = self._now()
+        self._enqueued = self._drained = self._started
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.monotonic(), time.process_time()
+
+    def enqueued(self) -> None:
+        self._enqueued = self._now()
+
+    def drained(self) -> None:
+        self._drained = self._now()
+
+    def phase(self, handled: int) -> Phase:
+        (started, cpu_started), (enqueued, cpu_enqueued) = self._started, self._enqueued
+        drained, cpu_done = self._drained
+        return Phase(
+            enqueued - started,
+            drained - enqueued,
+            cpu_done - cpu_started,
+            handled,
+            cpu_done - cpu_enqueued,
+        )
+
+
 @dataclass
 class Counters:
     commits: int
@@ -744,9 +773,9 @@ class WorkflowJobs:
             await submit_one(index)
 
         try:
-            started, cpu_started = time.monotonic(), time.process_time()
+            watch = Stopwatch()
             await fan_out(jobs, c, submit)
-            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
+            watch.enqueued()
             await worker.start()
             await worker.wait_ready()
             claims = worker.claims
@@ -761,19 +790,12 @@ class WorkflowJobs:
                 )
                 # Acked is not yet marked: wait for the pass to commit its PUBLISHED marks.
                 await self._until_outbox_settled(api)
-            drained = time.monotonic()
-            cpu_done = time.process_time()
+            watch.drained()
             handled = claims.stats.completed
         finally:
             await worker.stop()
             await api.stop()
-        return Phase(
-            enqueued - started,
-            drained - enqueued,
-            cpu_done - cpu_started,
-            handled,
-            cpu_done - cpu_enqueued,
-        )
+        return watch.phase(handled)
 
     async def _until_outbox_settled(self, api: Runtime) -> None:
         assert api.pool is not None
@@ -965,23 +987,16 @@ class StoreAlone:
                     handled += 1
                     in_hand.release()
 
-            started, cpu_started = time.monotonic(), time.process_time()
+            watch = Stopwatch()
             await fan_out(jobs, c, submit)
-            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
+            watch.enqueued()
             await asyncio.gather(claimer(), *(runner() for _ in range(c)))
-            drained = time.monotonic()
-            cpu_done = time.process_time()
+            watch.drained()
         finally:
             for each in pools:
                 await each.close()
             await api.stop()
-        return Phase(
-            enqueued - started,
-            drained - enqueued,
-            cpu_done - cpu_started,
-            handled,
-            cpu_done - cpu_enqueued,
-        )
+        return watch.phase(handled)
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         # Its runners stop once the queue is empty: nothing waits for a wake-up.
@@ -1065,9 +1080,9 @@ class PgQueuerPeer:
 
         worker_conn = None
         try:
-            started, cpu_started = time.monotonic(), time.process_time()
+            watch = Stopwatch()
             await fan_out(jobs, c, enqueue)
-            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
+            watch.enqueued()
             worker_conn = await asyncpg.connect(self.target.dsn)
             pgq = PgQueuer(AsyncpgDriver(worker_conn))
 
@@ -1082,19 +1097,12 @@ class PgQueuerPeer:
                 max_concurrent_tasks=c,
                 mode=QueueExecutionMode.drain,
             )
-            drained = time.monotonic()
-            cpu_done = time.process_time()
+            watch.drained()
         finally:
             if worker_conn is not None:
                 await worker_conn.close()
             await pool.close()
-        return Phase(
-            enqueued - started,
-            drained - enqueued,
-            cpu_done - cpu_started,
-            self.handled,
-            cpu_done - cpu_enqueued,
-        )
+        return watch.phase(self.handled)
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         import asyncpg
@@ -1184,19 +1192,12 @@ class ProcrastinatePeer:
 
         async with app.open_async():
             await connector.pool.wait(timeout=30.0)
-            started, cpu_started = time.monotonic(), time.process_time()
+            watch = Stopwatch()
             await fan_out(jobs, c, defer)
-            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
+            watch.enqueued()
             await app.run_worker_async(concurrency=c, wait=False, install_signal_handlers=False)
-            drained = time.monotonic()
-            cpu_done = time.process_time()
-        return Phase(
-            enqueued - started,
-            drained - enqueued,
-            cpu_done - cpu_started,
-            self.handled,
-            cpu_done - cpu_enqueued,
-        )
+            watch.drained()
+        return watch.phase(self.handled)
 
     async def paced(self, jobs: int, rate: float) -> dict[str, float]:
         from procrastinate import App, PsycopgConnector
@@ -1345,23 +1346,16 @@ class BaselineQueue:
                 await conn.execute(BASELINE_ENQUEUE, (payloads[index],))
 
         try:
-            started, cpu_started = time.monotonic(), time.process_time()
+            watch = Stopwatch()
             indexes = iter(range(jobs))
             await asyncio.gather(*(producer(conn, indexes) for conn in producers))
-            enqueued, cpu_enqueued = time.monotonic(), time.process_time()
+            watch.enqueued()
             await self.drain(opened)
-            drained = time.monotonic()
-            cpu_done = time.process_time()
+            watch.drained()
         finally:
             for conn in (*producers, *opened):
                 await conn.close()
-        return Phase(
-            enqueued - started,
-            drained - enqueued,
-            cpu_done - cpu_started,
-            self.handled,
-            cpu_done - cpu_enqueued,
-        )
+        return watch.phase(self.handled)
 
     async def connect(
         self, opened: list[psycopg.AsyncConnection[Any]], *, flush_wait: bool = True

@@ -39,6 +39,7 @@ from workflows import (
     run_workflow,
 )
 from workflows.invokers import Handler
+from workflows.runner import CheckpointObserver
 
 TEXT = "hello brave new world"
 
@@ -68,7 +69,7 @@ async def _run(
     checkpoints: list[dict[str, Any]] | None = None,
     *,
     registry: HandlerRegistry | None = None,
-    observer: Recorder | None = None,
+    observer: CheckpointObserver | None = None,
     attempt: int = 1,
 ) -> Any:
     return await run_segment(
@@ -331,15 +332,7 @@ async def test_a_deadline_passing_during_a_checkpoint_lets_it_finish_and_stops_t
         finished.append(entry["name"])
 
     with pytest.raises(StepFailure) as caught:
-        await run_segment(
-            workflow,
-            workflow.validate_input({"text": TEXT}),
-            [],
-            job_id="job-1",
-            attempt=1,
-            on_checkpoint=slow_checkpoint,
-            registry=make_registry(),
-        )
+        await _run(workflow, {"text": TEXT}, observer=slow_checkpoint)
     assert finished == ["tokenize"]
     assert caught.value.kind is FailureKind.RETRYABLE
     assert caught.value.step_name == "embed"

@@ -324,11 +324,11 @@ async def test_a_deadline_used_up_between_steps_is_retryable() -> None:
 async def test_a_deadline_passing_during_a_checkpoint_lets_it_finish_and_stops_the_next_step() -> (
     None
 ):
-    workflow = compile_definition(envelope(review=None, deadline_ms=100))
+    workflow = compile_definition(envelope(review=None, deadline_ms=500))
     finished: list[str] = []
 
     async def slow_checkpoint(entry: dict[str, Any]) -> None:
-        await asyncio.sleep(0.3)  # the deadline passes while the store commits
+        await asyncio.sleep(0.8)  # the deadline passes while the store commits
         finished.append(entry["name"])
 
     with pytest.raises(StepFailure) as caught:

@@ -8,8 +8,10 @@ reaches a listener), run once on a durable embedded Postgres (unless
 ``DATABASE_URL`` is set) with every store call of a job timed on the way: the
 submit, the claim that took it, each group-commit write (two checkpoints and
 the completion that carries the last one). The table gives the median of each
-call and of each gap between them over the measured jobs, and the CPU that
-the process and the server spent per paced job.
+call and of each gap between them over the measured jobs, the CPU that
+the process and the server spent per paced job, and the server's own time
+(planning and executing, from ``pg_stat_statements``) in each statement of
+the paced phase, beside which the rest of a call is its round trip.
 
 Before that, the cost of waking up: one process sleeping and waking (a
 blocking sleep, an asyncio sleep), and ``SELECT 1`` sent back to back against
@@ -201,6 +203,9 @@ async def paced_job(
 
     peers._paced = keep_slots  # type: ignore[assignment]
     peers.DoneListener.wait_for = keep_done  # type: ignore[method-assign, assignment]
+    counted = peers.enable_statements(admin_dsn, create=postmaster_pid is not None)
+    if counted:
+        peers.reset_statements(target)
     client, server = time.process_time(), peers.server_cpu_s(postmaster_pid)
     latencies = await system.paced(jobs, rate)
     # The paced phase also runs its unmeasured jobs: one, then a second's worth.
@@ -209,12 +214,47 @@ async def paced_job(
     after = peers.server_cpu_s(postmaster_pid)
     if server is not None and after is not None:
         cpu["Postgres CPU ms per paced job"] = (after - server) * 1000 / ran
-    return {"latency": latencies, "cpu": cpu, "spans": spans(marks, slots, done)}
+    return {
+        "latency": latencies,
+        "cpu": cpu,
+        "spans": spans(marks, slots, done),
+        "statements": server_statements(target) if counted else [],
+    }
+
+
+def server_statements(target: peers.Target, limit: int = 8) -> list[dict[str, Any]]:
+    """The server's own time in each statement of the paced phase, the busiest first.
+
+    What a link of the chain costs inside the server (planning and executing;
+    a commit's WAL flush comes after and is not in it) against what the client
+    saw it take.
+    """
+    with psycopg.connect(target.admin_dsn, autocommit=True) as conn:
+        try:
+            rows = conn.execute(
+                "SELECT calls, total_exec_time, total_plan_time, query FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
+                " ORDER BY total_exec_time DESC LIMIT %s",
+                (target.database, limit),
+            ).fetchall()
+        except psycopg.Error:
+            return []
+    return [
+        {
+            "calls": int(calls),
+            "exec_ms": float(exec_ms) / max(int(calls), 1),
+            "plan_ms": float(plan_ms) / max(int(calls), 1),
+            "query": " ".join(str(query).split())[:70],
+        }
+        for calls, exec_ms, plan_ms, query in rows
+    ]
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     external = bool(os.environ.get("DATABASE_URL"))
     settings = {} if args.fast_postgres else dict(peers.DURABLE_SETTINGS)
+    settings.update(peers.STATEMENT_SETTINGS)
+    settings["pg_stat_statements.track_planning"] = "on"
     postgres = PostgresService(settings=None if external else settings)
     postgres.start()
     try:
@@ -250,6 +290,13 @@ def main() -> None:
     print("a paced job, median ms of each call and gap")
     for name, value in result["spans"].items():
         print(f"  {name:45s} {value:7.3f}")
+    if result["statements"]:
+        print("the server's time per statement in the paced phase, mean ms (plan + exec)")
+        for row in result["statements"]:
+            print(
+                f"  {row['calls']:6d} calls {row['plan_ms']:6.3f} + {row['exec_ms']:6.3f}"
+                f"  {row['query']}"
+            )
 
 
 if __name__ == "__main__":

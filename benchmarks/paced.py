@@ -218,36 +218,11 @@ async def paced_job(
         "latency": latencies,
         "cpu": cpu,
         "spans": spans(marks, slots, done),
-        "statements": server_statements(target) if counted else [],
+        # The server's own time in each statement (planning and executing; a
+        # commit's WAL flush comes after and is not in it), against what the
+        # client saw the call take.
+        "statements": peers.top_statements(target, 8) if counted else [],
     }
-
-
-def server_statements(target: peers.Target, limit: int = 8) -> list[dict[str, Any]]:
-    """The server's own time in each statement of the paced phase, the busiest first.
-
-    What a link of the chain costs inside the server (planning and executing;
-    a commit's WAL flush comes after and is not in it) against what the client
-    saw it take.
-    """
-    with psycopg.connect(target.admin_dsn, autocommit=True) as conn:
-        try:
-            rows = conn.execute(
-                "SELECT calls, total_exec_time, total_plan_time, query FROM pg_stat_statements"
-                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
-                " ORDER BY total_exec_time DESC LIMIT %s",
-                (target.database, limit),
-            ).fetchall()
-        except psycopg.Error:
-            return []
-    return [
-        {
-            "calls": int(calls),
-            "exec_ms": float(exec_ms) / max(int(calls), 1),
-            "plan_ms": float(plan_ms) / max(int(calls), 1),
-            "query": " ".join(str(query).split())[:70],
-        }
-        for calls, exec_ms, plan_ms, query in rows
-    ]
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -294,8 +269,8 @@ def main() -> None:
         print("the server's time per statement in the paced phase, mean ms (plan + exec)")
         for row in result["statements"]:
             print(
-                f"  {row['calls']:6d} calls {row['plan_ms']:6.3f} + {row['exec_ms']:6.3f}"
-                f"  {row['query']}"
+                f"  {row['calls']:6d} calls {row['mean_plan_ms']:6.3f} + {row['mean_ms']:6.3f}"
+                f"  {row['query'][:70]}"
             )
 
 

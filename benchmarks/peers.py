@@ -426,7 +426,8 @@ def top_statements(target: Target, limit: int) -> list[dict[str, Any]]:
     with psycopg.connect(target.admin_dsn, autocommit=True) as conn:
         try:
             rows = conn.execute(
-                "SELECT calls, total_exec_time, rows, query FROM pg_stat_statements"
+                "SELECT calls, total_exec_time, total_plan_time, rows, query"
+                " FROM pg_stat_statements"
                 " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
                 " ORDER BY total_exec_time DESC LIMIT %s",
                 (target.database, limit),
@@ -438,10 +439,12 @@ def top_statements(target: Target, limit: int) -> list[dict[str, Any]]:
             "calls": int(calls),
             "total_ms": round(float(total), 1),
             "mean_ms": round(float(total) / max(int(calls), 1), 3),
+            # Zero unless the server tracks planning (pg_stat_statements.track_planning).
+            "mean_plan_ms": round(float(plan) / max(int(calls), 1), 3),
             "rows": int(count),
             "query": " ".join(str(query).split())[:160],
         }
-        for calls, total, count, query in rows
+        for calls, total, plan, count, query in rows
     ]
 
 

@@ -143,6 +143,8 @@ async def measure(runs: int) -> dict[str, list[float]]:
     return results
 
 
+# Self-contained, like every benchmark that measures another checkout: that
+# checkout needs only this file copied in, not a helper module beside it.
 def _child(tree: Path, runs: int) -> dict[str, list[float]]:
     argv = [sys.executable, "-m", "benchmarks.engine", "--child", "--runs", str(runs)]
     done = subprocess.run(

@@ -117,6 +117,8 @@ def measure(runs: int, batches: int) -> dict[str, dict[str, float]]:
     return results
 
 
+# Self-contained, like every benchmark that measures another checkout: that
+# checkout needs only this file copied in, not a helper module beside it.
 def _child(tree: Path, runs: int, batches: int) -> dict[str, dict[str, float]]:
     argv = [sys.executable, "-m", "benchmarks.params", "--child", "--runs", str(runs)]
     argv += ["--batches", str(batches)]

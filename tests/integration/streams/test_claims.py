@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -148,14 +148,17 @@ async def test_a_lost_lease_stops_the_segment_and_writes_nothing(
     await loops.start()
     try:
         await harness.wait_status(job_id, "RUNNING")
-        # Another worker's sweeper decides the lease is gone, and requeues the job.
-        async with pool.connection() as conn:
-            await conn.execute(
-                "UPDATE workflow_run SET lease_until = now() - interval '1 second'"
-                " WHERE job_id = %s",
-                (job_id,),
-            )
-        await harness.runs.sweep_expired()
+        # Another worker's sweeper, its clock past the lease, requeues the job.
+        # Judged at that instant rather than by backdating the lease, which
+        # the 0.1 s heartbeat could renew before the sweep read it; and tried
+        # again while a renewal holds the row, which the sweep skips.
+        for _ in range(50):
+            past_the_lease = datetime.now(UTC) + timedelta(seconds=harness.runs.lease_s + 5)
+            if (await harness.runs.sweep_expired(now=past_the_lease)).requeued:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the sweep never found the job's lease expired")
         swept = time.monotonic()
         for _ in range(250):
             if loops.stats.lease_lost:

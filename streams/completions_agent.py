@@ -112,7 +112,7 @@ class CompletionHandler:
                 result = await self._jobs.complete_step(
                     job_id=uuid.UUID(completion.job_id),
                     step_name=completion.step_name,
-                    response=struct_to_dict(completion.response),
+                    response=struct_to_dict(completion.response, "response"),
                     owner=self.principal_of(completion),
                 )
             except NotFound as exc:

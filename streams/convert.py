@@ -7,16 +7,18 @@ a JSON shape that could drift from the ``.proto``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import ListValue, Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from schemas.contract import api_pb2, integral_numbers, to_json
+from schemas.errors import InvalidArgument
 
 if TYPE_CHECKING:
     # Types only: converting rows needs their shapes, not the store's driver.
@@ -126,15 +128,50 @@ def stored_workflow_message(stored: StoredDefinition) -> api_pb2.StoredWorkflow:
     return message
 
 
-def struct_to_dict(value: Struct) -> dict[str, Any]:
-    """A ``Struct`` as plain JSON values.
+def struct_to_dict(value: Struct, field: str) -> dict[str, Any]:
+    """A caller's ``Struct`` (its ``field``) as plain JSON values.
 
     ``Struct`` keeps every number as a double; JSON does not tell 3 from 3.0, so
     integral values come back as ints and an int64 field of the input type never
-    sees "3.0".
+    sees "3.0". A double that is NaN or infinite has no JSON form and no column
+    could store it: that is the caller's mistake, refused naming where it is.
     """
-    result: dict[str, Any] = integral_numbers(json_format.MessageToDict(value))
+    try:
+        plain = json_format.MessageToDict(value)
+    except ValueError:
+        where = _non_finite_number(value, field)
+        if where is None:
+            raise
+        raise InvalidArgument(
+            f"{where} is not a finite number: JSON has no NaN or Infinity,"
+            " and a number must fit a double"
+        ) from None
+    result: dict[str, Any] = integral_numbers(plain)
     return result
+
+
+def _non_finite_number(value: Struct | ListValue, path: str) -> str | None:
+    """The path of the first NaN or infinite number in ``value``, or None."""
+    items = (
+        ((f"{path}.{key}", item) for key, item in value.fields.items())
+        if isinstance(value, Struct)
+        else ((f"{path}[{index}]", item) for index, item in enumerate(value.values))
+    )
+    for where, item in items:
+        kind = item.WhichOneof("kind")
+        if kind == "number_value" and not math.isfinite(item.number_value):
+            return where
+        nested = (
+            item.struct_value
+            if kind == "struct_value"
+            else item.list_value
+            if kind == "list_value"
+            else None
+        )
+        found = None if nested is None else _non_finite_number(nested, where)
+        if found is not None:
+            return found
+    return None
 
 
 def message_json(message: Message) -> dict[str, Any]:

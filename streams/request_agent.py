@@ -3,9 +3,11 @@
 One message, one outcome, decided in ``RequestHandler.handle``:
 
 * the value cannot be decoded as a ``WorkflowRunRequest`` (framed through the
-  registry or plain Protobuf), or it breaks the message's rules (a job id that
-  is not a UUID, an empty workflow name): the same key and value go to the
-  dead-letter topic with the reason in the ``x-wfjobs-dlq-reason`` header;
+  registry or plain Protobuf), it breaks the message's rules (a job id that
+  is not a UUID, an empty workflow name), or its input holds a number that is
+  NaN or infinite, which no JSON column can store: the same key and value go
+  to the dead-letter topic with the reason in the ``x-wfjobs-dlq-reason``
+  header;
 * the named workflow is not stored, its definition does not compile, or the
   input does not fit its input type: a FAILED row with the reason (and its
   FAILED event), so whoever produced the request can look the job up by id;
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import ResourceExhausted, Unavailable
+from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable
 from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
@@ -84,6 +86,13 @@ class Message(NamedTuple):
     key: bytes | None
     value: bytes | None
     trace: TraceContext | None = None
+
+
+class Decoded(NamedTuple):
+    """A request that passed its rules, with its input as the JSON a job stores."""
+
+    request: WorkflowRunRequest
+    input: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +158,13 @@ class RequestHandler:
                 [
                     SubmitRequest(
                         job_id=uuid.UUID(request.job_id),
-                        input=struct_to_dict(request.input),
+                        input=input,
                         workflow_name=request.workflow_name,
                         owner=self.owner_of(request),
                         deadline_ms=request.deadline_ms or None,
                         trace=trace,
                     )
-                    for request, trace in requests
+                    for (request, input), trace in requests
                 ],
                 record_refusals=True,
                 via="kafka",
@@ -171,14 +180,19 @@ class RequestHandler:
                 outcomes.append(_outcome(next(submitted)))
         return outcomes
 
-    def _decode(self, value: bytes | None) -> WorkflowRunRequest | str:
-        """The request, or why it goes to the dead-letter topic."""
+    def _decode(self, value: bytes | None) -> Decoded | str:
+        """The request and its input, or why it goes to the dead-letter topic."""
         try:
             request = self._decoder.decode(value, topic=self._topic)
         except UndecodableMessage as exc:
             return exc.message
         problems = violations(request)
-        return "; ".join(problems) if problems else request
+        if problems:
+            return "; ".join(problems)
+        try:
+            return Decoded(request, struct_to_dict(request.input, "input"))
+        except InvalidArgument as exc:
+            return exc.message
 
     async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
         """Send the message to the dead-letter topic with ``reason``."""
@@ -193,12 +207,13 @@ class RequestHandler:
             return request.principal
         return self._principal
 
-    async def _submit(self, request: WorkflowRunRequest, trace: TraceContext | None) -> Outcome:
+    async def _submit(self, decoded: Decoded, trace: TraceContext | None) -> Outcome:
         # A full backlog raises ResourceExhausted, which the caller waits out
         # like an outage: the request stays on the topic until there is room.
+        request = decoded.request
         submitted = await self._jobs.submit(
             job_id=uuid.UUID(request.job_id),
-            input=struct_to_dict(request.input),
+            input=decoded.input,
             workflow_name=request.workflow_name,
             record_refusals=True,
             owner=self.owner_of(request),

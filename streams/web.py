@@ -318,8 +318,10 @@ class HttpVerbs:
             auth.require_inline_definitions(caller)
         submitted = await self.jobs.submit(
             job_id=parse_job_id(request.job_id) if request.job_id else None,
-            input=struct_to_dict(request.input),
-            workflow=struct_to_dict(request.workflow) if request.HasField("workflow") else None,
+            input=struct_to_dict(request.input, "input"),
+            workflow=struct_to_dict(request.workflow, "workflow")
+            if request.HasField("workflow")
+            else None,
             workflow_name=request.workflow_name,
             max_attempts=request.max_attempts or None,
             owner=caller.principal,
@@ -416,7 +418,7 @@ class HttpVerbs:
         result = await self.jobs.complete_step(
             job_id=parsed,
             step_name=step_name,
-            response=struct_to_dict(request.response),
+            response=struct_to_dict(request.response, "response"),
             owner=caller.visible_owner,
         )
         response = api_pb2.CompleteStepResponse(
@@ -551,7 +553,7 @@ class HttpVerbs:
         )
         stored = await self.jobs.put_workflow(
             name,
-            struct_to_dict(request.workflow),
+            struct_to_dict(request.workflow, "workflow"),
             if_version=if_version,
             create_only=create_only,
         )

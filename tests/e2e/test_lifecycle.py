@@ -85,11 +85,11 @@ async def test_request_to_waiting_then_complete_step_to_completed(stack: Stack) 
         final = (await http.get(f"/v1/workflow-runs/{job_id}")).json()["job"]
         assert final["status"] == "COMPLETED"
         assert final["verdict"] == done_event.verdict
-        assert final["result"] == struct_to_dict(done_event.result)
+        assert final["result"] == struct_to_dict(done_event.result, "result")
         # get-job shows exactly what the checkpoint events carried, in order.
         checkpoint_events = [e for e in events if type_name(e) == "STEP_CHECKPOINT"]
         assert [(c["name"], c["response"]) for c in final["checkpoints"]] == [
-            (e.step_name, struct_to_dict(e.response)) for e in checkpoint_events
+            (e.step_name, struct_to_dict(e.response, "response")) for e in checkpoint_events
         ]
 
         again = await http.post(

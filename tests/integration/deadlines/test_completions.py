@@ -6,6 +6,7 @@ the answers and acks; the end-to-end test runs it against a real broker.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -73,6 +74,15 @@ async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
 
     empty = await handler.handle(None)
     assert empty.outcome == Outcome.INVALID
+
+    # A Struct carries any double; JSON, and so the job's checkpoint, cannot.
+    not_json = await handler.handle(completion(job_id, approved=True, score=math.inf))
+    assert (not_json.outcome, not_json.message) == (
+        Outcome.INVALID,
+        "response.score is not a finite number: JSON has no NaN or Infinity,"
+        " and a number must fit a double",
+    )
+    assert (await app[1].require_runs().get(job_id)).status == "WAITING"
 
     wrong_step = await handler.handle(completion(job_id, step="nope"))
     assert wrong_step.outcome == Outcome.WRONG_STATE and "not WAITING on step 'nope'" in (

@@ -8,6 +8,7 @@ offsets only after ``handle_batch_until_done`` returns.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from typing import Any
 
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from schemas.contract import WorkflowRunRequest
+from schemas.errors import NotFound
 from schemas.serde import RequestDecoder
 from store.outbox import Outbox
 from store.pool import Pool
@@ -48,7 +50,7 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
     handler: RequestHandler, runtime: Runtime, letters: Letters
 ) -> None:
     runs = runtime.require_runs()
-    earlier, good, other, unknown, bad_input = (uuid.uuid4() for _ in range(5))
+    earlier, good, other, unknown, bad_input, not_json = (uuid.uuid4() for _ in range(6))
     assert (await handler.handle(None, request(earlier))).kind == "submitted"
     garbage = b"\xff\xfe not protobuf"
     messages: list[Message] = [
@@ -60,6 +62,7 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
         Message(b"k6", request(bad_input, txt="typo")),
         Message(b"k7", request("42")),
         Message(b"k8", request(other)),
+        Message(b"k9", request(not_json, text="a", meta={"scores": [1.0, math.nan]})),
     ]
     outcomes = await handler.handle_batch(messages)
     assert [outcome.kind for outcome in outcomes] == [
@@ -71,6 +74,7 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
         "failed",
         "dead_lettered",
         "submitted",
+        "dead_lettered",
     ]
     assert [outcome.job_id for outcome in outcomes] == [
         good,
@@ -81,10 +85,16 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
         bad_input,
         None,
         other,
+        None,
     ]
     assert [(key, reason) for key, _, reason in letters.sent] == [
         (b"k2", letters.sent[0][2]),
         (b"k7", "job_id: must be a valid UUID"),
+        (
+            b"k9",
+            "input.meta.scores[1] is not a finite number: JSON has no NaN or Infinity,"
+            " and a number must fit a double",
+        ),
     ]
     assert letters.sent[0][1] == garbage
 
@@ -93,6 +103,8 @@ async def test_a_mixed_batch_is_decided_as_one_by_one_and_written_in_one_commit(
     assert (await runs.get(unknown)).error == "unknown workflow 'missing': no stored definition"
     assert "txt" in ((await runs.get(bad_input)).error or "")
     assert (await runs.get(other)).status == "QUEUED"
+    with pytest.raises(NotFound):
+        await runs.get(not_json)
 
     written = [good, unknown, bad_input, other]
     xmins = await rows_of(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -199,6 +200,56 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
             await client.put("/v1/workflows/web-review", json=WORKFLOW), 400, "INVALID_ARGUMENT"
         )
         assert "PutWorkflowRequest" in message
+
+
+async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_nothing(
+    dsn: str,
+) -> None:
+    """Python's parser takes NaN, Infinity and 1e400 (as infinity); none is JSON a job can keep."""
+    json_body = {"Content-Type": "application/json"}
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        scores = (
+            '{"workflow_name": "web-review", "input": {"text": "a", "meta": {"scores": [1, X]}}}'
+        )
+        for body, where in (
+            ('{"workflow_name": "web-review", "input": {"text": NaN}}', "input.text"),
+            (scores.replace("X", "-Infinity"), "input.meta.scores[1]"),
+            (scores.replace("X", "1e400"), "input.meta.scores[1]"),
+        ):
+            message = await _error(
+                await client.post("/v1/workflow-runs", data=body, headers=json_body),
+                400,
+                "INVALID_ARGUMENT",
+            )
+            assert message.startswith(f"{where} is not a finite number"), message
+
+        job = str(uuid.uuid4())
+        message = await _error(
+            await client.post(
+                f"/v1/workflow-runs/{job}/steps/review:complete",
+                data='{"response": {"approved": true, "score": NaN}}',
+                headers=json_body,
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert message.startswith("response.score is not a finite number"), message
+
+        definition = json.dumps({"workflow": {**WORKFLOW, "name": "other"}})
+        message = await _error(
+            await client.put(
+                "/v1/workflows/other",
+                data=definition.replace('"steps": [', '"limit": Infinity, "steps": [', 1),
+                headers=json_body,
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert message.startswith("workflow.limit is not a finite number"), message
+
+        assert (await runtime.require_runs().list()).jobs == ()
+        await _error(await client.get("/v1/workflows/other"), 404, "NOT_FOUND")
 
 
 async def test_unknown_routes_and_methods_answer_error_bodies(dsn: str) -> None:

@@ -45,7 +45,7 @@ from schemas.errors import (
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
-from streams.convert import struct_to_dict
+from streams.convert import nul_field, nul_refusal, struct_to_dict
 from streams.jobs import Jobs
 from streams.topics import declare, raw_topic
 
@@ -102,9 +102,18 @@ class CompletionHandler:
         problems = violations(completion)
         if problems:
             return _answer(completion, Outcome.INVALID, "; ".join(problems))
-        return await self._complete(completion)
+        try:
+            response = struct_to_dict(completion.response, "response")
+        except InvalidArgument as exc:
+            return _answer(completion, Outcome.INVALID, exc.message)
+        where = nul_field(response, "response")
+        if where is not None:
+            return _answer(completion, Outcome.INVALID, nul_refusal(where).message)
+        return await self._complete(completion, response)
 
-    async def _complete(self, completion: StepCompletion) -> StepCompletionResult:
+    async def _complete(
+        self, completion: StepCompletion, response: dict[str, Any]
+    ) -> StepCompletionResult:
         tries = 0
         while True:
             tries += 1
@@ -112,7 +121,7 @@ class CompletionHandler:
                 result = await self._jobs.complete_step(
                     job_id=uuid.UUID(completion.job_id),
                     step_name=completion.step_name,
-                    response=struct_to_dict(completion.response, "response"),
+                    response=response,
                     owner=self.principal_of(completion),
                 )
             except NotFound as exc:

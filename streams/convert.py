@@ -174,6 +174,34 @@ def _non_finite_number(value: Struct | ListValue, path: str) -> str | None:
     return None
 
 
+_NUL = "\x00"
+
+
+def nul_field(value: Any, path: str = "") -> str | None:
+    """Where in a JSON value a string or key holds U+0000, which ``jsonb`` cannot store."""
+    if isinstance(value, str):
+        return (path or "the body") if _NUL in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _NUL in key:
+                return f"a field name in {path or 'the body'}"
+            found = nul_field(item, f"{path}.{key}" if path else key)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = nul_field(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def nul_refusal(where: str) -> InvalidArgument:
+    if len(where) > 200:
+        where = where[:200] + "..."
+    return InvalidArgument(f"{where} contains U+0000 (NUL), which is not accepted")
+
+
 def message_json(message: Message) -> dict[str, Any]:
     """proto3 JSON of ``message``, with ``Struct`` numbers that are integral as ints.
 
@@ -189,6 +217,8 @@ __all__ = [
     "job_message",
     "job_summary_message",
     "message_json",
+    "nul_field",
+    "nul_refusal",
     "status_value",
     "stored_workflow_message",
     "struct_to_dict",

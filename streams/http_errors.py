@@ -43,6 +43,7 @@ from aiohttp.web_server import Server
 
 from schemas.contract import api_pb2, to_json
 from schemas.errors import InvalidArgument, UnsupportedMediaType, WorkflowJobsError
+from streams.convert import nul_field, nul_refusal
 
 if TYPE_CHECKING:
     import faust
@@ -131,31 +132,6 @@ def check_json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
             depth -= 1
 
 
-def nul_field(value: Any, path: str = "") -> str | None:
-    """Where in a parsed JSON value a string or key holds U+0000, or None."""
-    if isinstance(value, str):
-        return (path or "the body") if _NUL in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _NUL in key:
-                return f"a field name in {path or 'the body'}"
-            found = nul_field(item, f"{path}.{key}" if path else key)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found = nul_field(item, f"{path}[{index}]")
-            if found is not None:
-                return found
-    return None
-
-
-def _refuse_nul(where: str) -> InvalidArgument:
-    if len(where) > 200:
-        where = where[:200] + "..."
-    return InvalidArgument(f"{where} contains U+0000 (NUL), which is not accepted")
-
-
 def load_json(body: bytes, what: str) -> Any:
     """A request body as JSON: depth checked before parsing, U+0000 refused after."""
     check_json_depth(body)
@@ -165,7 +141,7 @@ def load_json(body: bytes, what: str) -> Any:
         raise InvalidArgument(f"the body of {what} is not valid JSON: {exc}") from None
     where = nul_field(value)
     if where is not None:
-        raise _refuse_nul(where)
+        raise nul_refusal(where)
     return value
 
 
@@ -231,14 +207,14 @@ def _shown(text: str) -> str:
 def refuse_nul(where: str, value: str) -> None:
     """Refuse a path or query parameter that holds U+0000, naming it."""
     if _NUL in value:
-        raise _refuse_nul(where)
+        raise nul_refusal(where)
 
 
 def check_query(query: Mapping[str, str]) -> None:
     """Refuse a query whose names or values hold U+0000."""
     for key, value in query.items():
         if _NUL in key:
-            raise _refuse_nul("a query parameter name")
+            raise nul_refusal("a query parameter name")
         refuse_nul(f"query parameter {_shown(key)}", value)
 
 
@@ -338,7 +314,6 @@ __all__ = [
     "error_response",
     "install",
     "load_json",
-    "nul_field",
     "refuse_nul",
     "require_json",
 ]

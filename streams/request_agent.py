@@ -4,10 +4,10 @@ One message, one outcome, decided in ``RequestHandler.handle``:
 
 * the value cannot be decoded as a ``WorkflowRunRequest`` (framed through the
   registry or plain Protobuf), it breaks the message's rules (a job id that
-  is not a UUID, an empty workflow name), or its input holds a number that is
-  NaN or infinite, which no JSON column can store: the same key and value go
-  to the dead-letter topic with the reason in the ``x-wfjobs-dlq-reason``
-  header;
+  is not a UUID, an empty workflow name), or its input holds what no JSON
+  column can store (a number that is NaN or infinite, text with U+0000) or
+  the database refuses it: the same key and value go to the dead-letter topic
+  with the reason in the ``x-wfjobs-dlq-reason`` header;
 * the named workflow is not stored, its definition does not compile, or the
   input does not fit its input type: a FAILED row with the reason (and its
   FAILED event), so whoever produced the request can look the job up by id;
@@ -48,11 +48,11 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable
+from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, UnstorableValue
 from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
-from streams.convert import struct_to_dict
+from streams.convert import nul_field, nul_refusal, struct_to_dict
 from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
@@ -133,7 +133,11 @@ class RequestHandler:
             decoded = self._decode(value)
         if isinstance(decoded, str):
             return await self.reject(key, value, decoded)
-        return await self._submit(decoded, trace)
+        try:
+            return await self._submit(decoded, trace)
+        except UnstorableValue as exc:
+            # The database refuses this request's values, now and on every try.
+            return await self.reject(key, value, exc.message)
 
     async def handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
         """One attempt at many messages, one outcome each, in order.
@@ -190,9 +194,11 @@ class RequestHandler:
         if problems:
             return "; ".join(problems)
         try:
-            return Decoded(request, struct_to_dict(request.input, "input"))
+            input = struct_to_dict(request.input, "input")
         except InvalidArgument as exc:
             return exc.message
+        where = nul_field(input, "input")
+        return nul_refusal(where).message if where is not None else Decoded(request, input)
 
     async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
         """Send the message to the dead-letter topic with ``reason``."""
@@ -301,7 +307,11 @@ async def handle_batch_until_done(
             raise
         except Exception as exc:
             if not _worth_waiting_out(exc):
-                log.exception("a batch of %d requests failed; one at a time now", len(messages))
+                if isinstance(exc, UnstorableValue):
+                    # A value the database refuses: its request is dead-lettered alone.
+                    log.warning("a batch of %d refused (%s); one at a time now", len(messages), exc)
+                else:
+                    log.exception("a batch of %d requests failed; one at a time now", len(messages))
                 return [
                     await handle_until_done(
                         handler,

@@ -82,6 +82,11 @@ async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
         "response.score is not a finite number: JSON has no NaN or Infinity,"
         " and a number must fit a double",
     )
+    nul = await handler.handle(completion(job_id, approved=True, reviewer="a\x00n"))
+    assert (nul.outcome, nul.message) == (
+        Outcome.INVALID,
+        "response.reviewer contains U+0000 (NUL), which is not accepted",
+    )
     assert (await app[1].require_runs().get(job_id)).status == "WAITING"
 
     wrong_step = await handler.handle(completion(job_id, step="nope"))

@@ -7,6 +7,7 @@ the end-to-end tests run it against a real broker.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from typing import Any
 
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 
 from schemas.contract import WorkflowRunRequest
-from schemas.errors import ResourceExhausted
+from schemas.errors import NotFound, ResourceExhausted, UnstorableValue
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
 from streams.admission import Admission, QueueDepth
@@ -126,6 +127,43 @@ async def test_a_persistent_defect_dead_letters_the_message(
     assert outcome.kind == "dead_lettered"
     assert letters.sent == [
         (b"k", b"v", "internal error while handling the request: TypeError: a bug, not an outage")
+    ]
+
+
+async def test_an_input_no_json_column_can_store_is_dead_lettered_at_once_naming_where(
+    handler: RequestHandler, runtime: Runtime, letters: Letters
+) -> None:
+    # A Struct carries any double and any text; a job's jsonb input cannot.
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    inputs: list[dict[str, Any]] = [
+        {"text": "a", "meta": {"tags": ["ok", "b\x00c"]}},
+        {"text": "a", "meta": {"la\x00ng": "en"}},
+        {"text": math.nan},
+    ]
+    for job_id, input in zip(ids, inputs, strict=True):
+        assert (await handler.handle(b"k", request(job_id, **input))).kind == "dead_lettered"
+    assert [reason for _, _, reason in letters.sent] == [
+        "input.meta.tags[1] contains U+0000 (NUL), which is not accepted",
+        "a field name in input.meta contains U+0000 (NUL), which is not accepted",
+        "input.text is not a finite number: JSON has no NaN or Infinity,"
+        " and a number must fit a double",
+    ]
+    for job_id in ids:
+        with pytest.raises(NotFound):
+            await runtime.require_runs().get(job_id)
+
+
+async def test_a_request_the_database_refuses_is_dead_lettered_without_retries(
+    handler: RequestHandler, runtime: Runtime, letters: Letters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuses(*args: Any, **kwargs: Any) -> Any:
+        raise UnstorableValue("the database refused to store a batch of 1 jobs: out of range")
+
+    monkeypatch.setattr(runtime.require_runs(), "write_submits", refuses)
+    outcome = await handle_until_done(handler, b"k", request(str(uuid.uuid4())), base_s=5.0)
+    assert outcome.kind == "dead_lettered"
+    assert [reason for _, _, reason in letters.sent] == [
+        "the database refused to store a batch of 1 jobs: out of range"
     ]
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from schemas.contract import WorkflowRunRequest
-from schemas.errors import NotFound
+from schemas.errors import NotFound, UnstorableValue
 from schemas.serde import RequestDecoder
 from store.outbox import Outbox
 from store.pool import Pool
@@ -174,17 +174,25 @@ async def test_a_store_outage_holds_the_whole_batch_until_it_commits(
 
 
 async def test_a_request_the_store_refuses_is_dead_lettered_alone(
-    handler: RequestHandler, runtime: Runtime, letters: Letters
+    handler: RequestHandler, runtime: Runtime, letters: Letters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    runs = runtime.require_runs()
     good, poisoned = uuid.uuid4(), uuid.uuid4()
-    # Postgres stores no NUL in a JSON string: the batch's statement fails, and
-    # the batch is handled again one request at a time.
-    messages: list[Message] = [
-        Message(b"good", request(good)),
-        Message(b"nul", request(poisoned, text="nul \u0000 here")),
-    ]
-    outcomes = await handle_batch_until_done(handler, messages, base_s=0.01, cap_s=0.02)
+    real_write = runs.write_submits
+
+    async def refuses_the_poisoned(rows: Any) -> Any:
+        # As Postgres refuses a value it cannot store: the whole statement fails.
+        if any(row["job_id"] == poisoned for row in rows):
+            raise UnstorableValue(f"the database refused to store a batch of {len(rows)} jobs")
+        return await real_write(rows)
+
+    monkeypatch.setattr(runs, "write_submits", refuses_the_poisoned)
+    messages: list[Message] = [Message(b"good", request(good)), Message(b"bad", request(poisoned))]
+    # The batch is handled again one request at a time, the refused one
+    # dead-lettered on its first try with the store's reason.
+    outcomes = await handle_batch_until_done(handler, messages, base_s=5.0, cap_s=5.0)
     assert [outcome.kind for outcome in outcomes] == ["submitted", "dead_lettered"]
-    assert (await runtime.require_runs().get(good)).status == "QUEUED"
-    assert [key for key, _, _ in letters.sent] == [b"nul"]
-    assert "internal error" in letters.sent[0][2]
+    assert (await runs.get(good)).status == "QUEUED"
+    assert letters.sent == [
+        (b"bad", messages[1].value, "the database refused to store a batch of 1 jobs")
+    ]

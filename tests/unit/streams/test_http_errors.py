@@ -7,7 +7,8 @@ import json
 import pytest
 
 from schemas.errors import InvalidArgument
-from streams.http_errors import check_json_depth, load_json, nul_field
+from streams.convert import nul_field
+from streams.http_errors import check_json_depth, load_json
 
 
 def test_depth_counts_arrays_and_objects_but_not_brackets_in_strings() -> None:

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} does not fit a double")
+    return value
 
 
 def json_object(raw: str, what: str) -> dict[str, Any]:
@@ -23,7 +35,9 @@ def json_object(raw: str, what: str) -> dict[str, Any]:
     else:
         text = raw
     try:
-        value = json.loads(text)
+        # Python's parser takes NaN and Infinity, and 1e400 as infinity; the
+        # service refuses all three, so they are refused here before any call.
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:
         raise CliError("INVALID_ARGUMENT", f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

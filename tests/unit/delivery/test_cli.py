@@ -72,6 +72,12 @@ def test_input_must_be_a_json_object(capsys: pytest.CaptureFixture[str]) -> None
     code, _, err = run(capsys, "submit", "--workflow-name", "w", "--input", "{nope")
     assert code == 1
     assert "not valid JSON" in err
+    for number, why in (("NaN", "NaN is not a JSON value"), ("1e400", "1e400 does not fit")):
+        code, _, err = run(
+            capsys, "submit", "--workflow-name", "w", "--input", f'{{"a": {number}}}'
+        )
+        assert code == 1
+        assert f"--input is not valid JSON: {why}" in err
 
 
 def test_bad_job_id_is_refused_before_any_call(capsys: pytest.CaptureFixture[str]) -> None:

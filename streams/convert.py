@@ -3,6 +3,10 @@
 The HTTP bodies are the proto3 JSON mapping of ``schemas/`` messages, so every
 answer goes row -> message -> ``schemas.contract.to_json``; nothing hand-builds
 a JSON shape that could drift from the ``.proto``.
+
+The other way, a caller's ``Struct`` (HTTP or the topics) becomes the JSON a
+job stores, and what ``jsonb`` cannot hold (a number that is not finite, text
+with U+0000) is refused here, named by its path, for every transport alike.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from schemas.errors import (
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
-from streams.convert import nul_field, nul_refusal, struct_to_dict
+from streams.convert import storable_json
 from streams.jobs import Jobs
 from streams.topics import declare, raw_topic
 
@@ -103,12 +103,9 @@ class CompletionHandler:
         if problems:
             return _answer(completion, Outcome.INVALID, "; ".join(problems))
         try:
-            response = struct_to_dict(completion.response, "response")
+            response = storable_json(completion.response, "response")
         except InvalidArgument as exc:
             return _answer(completion, Outcome.INVALID, exc.message)
-        where = nul_field(response, "response")
-        if where is not None:
-            return _answer(completion, Outcome.INVALID, nul_refusal(where).message)
         return await self._complete(completion, response)
 
     async def _complete(

@@ -206,6 +206,16 @@ def nul_refusal(where: str) -> InvalidArgument:
     return InvalidArgument(f"{where} contains U+0000 (NUL), which is not accepted")
 
 
+def storable_json(value: Struct, field: str) -> dict[str, Any]:
+    """``struct_to_dict``, with text holding U+0000 refused too: for the topics,
+    whose messages no ``load_json`` has checked as it checks every HTTP body."""
+    result = struct_to_dict(value, field)
+    where = nul_field(result, field)
+    if where is not None:
+        raise nul_refusal(where)
+    return result
+
+
 def message_json(message: Message) -> dict[str, Any]:
     """proto3 JSON of ``message``, with ``Struct`` numbers that are integral as ints.
 
@@ -224,6 +234,7 @@ __all__ = [
     "nul_field",
     "nul_refusal",
     "status_value",
+    "storable_json",
     "stored_workflow_message",
     "struct_to_dict",
 ]

@@ -52,7 +52,7 @@ from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, Unst
 from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
-from streams.convert import nul_field, nul_refusal, struct_to_dict
+from streams.convert import storable_json
 from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
@@ -194,11 +194,9 @@ class RequestHandler:
         if problems:
             return "; ".join(problems)
         try:
-            input = struct_to_dict(request.input, "input")
+            return Decoded(request, storable_json(request.input, "input"))
         except InvalidArgument as exc:
             return exc.message
-        where = nul_field(input, "input")
-        return nul_refusal(where).message if where is not None else Decoded(request, input)
 
     async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
         """Send the message to the dead-letter topic with ``reason``."""

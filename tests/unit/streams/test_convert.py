@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.struct_pb2 import Struct
 
 from schemas.errors import InvalidArgument
-from streams.convert import struct_to_dict
+from streams.convert import storable_json, struct_to_dict
 
 
 def _struct(value: dict[str, Any]) -> Struct:
@@ -36,3 +36,10 @@ def test_a_number_that_is_not_finite_is_refused_naming_its_path(number: float) -
         "response.rows[1].scores[2] is not a finite number: JSON has no NaN or Infinity,"
         " and a number must fit a double"
     )
+
+
+def test_storable_json_also_refuses_text_holding_nul_naming_its_path() -> None:
+    assert storable_json(_struct({"a": ["x", "y"]}), "input") == {"a": ["x", "y"]}
+    with pytest.raises(InvalidArgument) as refused:
+        storable_json(_struct({"a": ["x", "y\x00"]}), "input")
+    assert refused.value.message == "input.a[1] contains U+0000 (NUL), which is not accepted"

@@ -307,7 +307,11 @@ async def handle_batch_until_done(
             if not _worth_waiting_out(exc):
                 if isinstance(exc, UnstorableValue):
                     # A value the database refuses: its request is dead-lettered alone.
-                    log.warning("a batch of %d refused (%s); one at a time now", len(messages), exc)
+                    log.warning(
+                        "a batch of %d requests was refused (%s); one at a time now",
+                        len(messages),
+                        exc,
+                    )
                 else:
                     log.exception("a batch of %d requests failed; one at a time now", len(messages))
                 return [

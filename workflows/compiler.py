@@ -37,7 +37,13 @@ from workflows.envelope import (
     rule_texts,
     step_names,
 )
-from workflows.protojson import MessageError, describe_value, descriptor_of, message_class
+from workflows.protojson import (
+    NON_OBJECT_JSON_FORMS,
+    MessageError,
+    describe_value,
+    descriptor_of,
+    message_class,
+)
 from workflows.rules import (
     DEFAULT_LIMITS,
     Explain,
@@ -94,6 +100,16 @@ def compile_definition(
         input_descriptor = schema.message(input_name)
     except descriptors.DescriptorSetError as exc:
         raise DefinitionError(f"inputType: {exc}", path="inputType") from None
+    input_form = NON_OBJECT_JSON_FORMS.get(input_descriptor.full_name)
+    if input_form is not None and input_descriptor.full_name != "google.protobuf.Value":
+        # Every job's input arrives as a JSON object (a Struct on the topic),
+        # which no message of this type reads: every submit would be refused.
+        raise DefinitionError(
+            f"inputType: the JSON form of {input_descriptor.full_name} is {input_form}, "
+            "never an object, and a job's input is always a JSON object; name a message "
+            "whose fields hold it",
+            path="inputType",
+        )
     deadline_ms = parse_deadline(envelope.get("deadlineMs"))
     job_deadline_ms = parse_job_deadline(envelope.get("jobDeadlineMs"))
 
@@ -261,6 +277,18 @@ def _compile_step(
         raise DefinitionError(f"{where}.method: {exc}", path=f"{path}.method") from None
     external = is_external(raw.get("completion"), where, path)
     target = parse_target(raw.get("target"), where, path)
+    answers = method.output_type.full_name
+    answer_form = NON_OBJECT_JSON_FORMS.get(answers)
+    if answer_form is not None:
+        # A response is checkpointed and published as an object (the events'
+        # Struct): one of this type could never be stored, and every job would
+        # die at its first checkpoint.
+        raise DefinitionError(
+            f"{where}.method: {method_text} answers {answers}, whose JSON form is "
+            f"{answer_form}; a step's response is kept and published as a JSON object, so "
+            "the method must answer a message with fields (or a google.protobuf.Struct)",
+            path=f"{path}.method",
+        )
     request_type = message_class(method.input_type)
     response_type = message_class(method.output_type)
 

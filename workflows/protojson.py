@@ -48,6 +48,25 @@ SPECIAL_JSON_TYPES = frozenset(
     }
 )
 
+# The JSON form each of them takes where it is not an object. Struct and Any
+# are objects; a Value is whichever JSON value it holds.
+NON_OBJECT_JSON_FORMS = {
+    "google.protobuf.Timestamp": "a string",
+    "google.protobuf.Duration": "a string",
+    "google.protobuf.FieldMask": "a string",
+    "google.protobuf.Value": "any value, an object only sometimes",
+    "google.protobuf.ListValue": "an array",
+    "google.protobuf.DoubleValue": "a number",
+    "google.protobuf.FloatValue": "a number",
+    "google.protobuf.Int64Value": "a string",
+    "google.protobuf.UInt64Value": "a string",
+    "google.protobuf.Int32Value": "a number",
+    "google.protobuf.UInt32Value": "a number",
+    "google.protobuf.BoolValue": "true or false",
+    "google.protobuf.StringValue": "a string",
+    "google.protobuf.BytesValue": "a string",
+}
+
 # Types whose contents no descriptor describes: a rule may read anything from them.
 DYNAMIC_TYPES = frozenset(
     {
@@ -497,6 +516,7 @@ def _duration_text(value: dt.timedelta) -> str:
 __all__ = [
     "DYNAMIC_TYPES",
     "FLOAT32_LIMIT",
+    "NON_OBJECT_JSON_FORMS",
     "SPECIAL_JSON_TYPES",
     "MessageError",
     "check",

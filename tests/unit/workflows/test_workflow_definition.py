@@ -469,6 +469,68 @@ def test_overlapping_assignments_are_refused() -> None:
         compile_definition(definition)
 
 
+# --- types whose JSON form is not an object ---------------------------------------------
+
+
+def _with_a_step_answering(answer: str) -> dict[str, Any]:
+    """The test workflow with one step more, whose method answers ``answer``."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set())
+    extra = files.file.add(
+        name="answers.proto",
+        package="answers",
+        syntax="proto3",
+        dependency=["jobs_test.proto"]
+        + [f.name for f in files.file if f.name.startswith("google/protobuf/")],
+    )
+    service = extra.service.add(name="Answers")
+    service.method.add(name="Answer", input_type=".jobs.test.Text", output_type=f".{answer}")
+    definition = envelope(review=None, output=[])
+    definition["schema"]["descriptorSetBase64"] = base64.b64encode(
+        files.SerializeToString()
+    ).decode()
+    definition["steps"].append({"name": "answer", "method": "answers.Answers/Answer"})
+    return definition
+
+
+@pytest.mark.parametrize(
+    ("answer", "form"),
+    [
+        ("google.protobuf.Timestamp", "a string"),
+        ("google.protobuf.Duration", "a string"),
+        ("google.protobuf.FieldMask", "a string"),
+        ("google.protobuf.ListValue", "an array"),
+        ("google.protobuf.Value", "any value, an object only sometimes"),
+    ],
+)
+def test_a_step_answering_what_is_no_json_object_is_refused(answer: str, form: str) -> None:
+    # Its response could never be checkpointed (an entry's response is an
+    # object, the event's a Struct): every job would spend its attempts at
+    # its first checkpoint and end DEAD.
+    with pytest.raises(DefinitionError) as caught:
+        compile_definition(_with_a_step_answering(answer))
+    assert caught.value.path == "steps[2].method"
+    message = str(caught.value)
+    assert f"answers.Answers/Answer answers {answer}, whose JSON form is {form}" in message
+    assert "a message with fields (or a google.protobuf.Struct)" in message
+
+
+def test_a_step_answering_a_struct_still_compiles() -> None:
+    workflow = compile_definition(_with_a_step_answering("google.protobuf.Struct"))
+    assert workflow.steps[-1].response_type.DESCRIPTOR.full_name == "google.protobuf.Struct"
+
+
+@pytest.mark.parametrize("input_type", ["google.protobuf.Timestamp", "google.protobuf.ListValue"])
+def test_an_input_type_that_is_no_json_object_is_refused(input_type: str) -> None:
+    # A job's input is always a JSON object: every submit would be refused.
+    definition = envelope()
+    definition["inputType"] = input_type
+    with pytest.raises(DefinitionError) as caught:
+        compile_definition(definition)
+    assert caught.value.path == "inputType"
+    assert f"the JSON form of {input_type} is" in str(caught.value)
+    assert "never an object" in str(caught.value)
+
+
 # --- junk never raises anything but DefinitionError -------------------------------------
 
 _KEYS = st.sampled_from(

@@ -289,6 +289,18 @@ def _compile_step(
             "the method must answer a message with fields (or a google.protobuf.Struct)",
             path=f"{path}.method",
         )
+    asks = method.input_type.full_name
+    request_form = NON_OBJECT_JSON_FORMS.get(asks)
+    if external and request_form is not None:
+        # An external step's request is kept on the row and carried on its
+        # WAITING event as an object: the job could never park.
+        raise DefinitionError(
+            f"{where}.method: {method_text} takes {asks}, whose JSON form is "
+            f"{request_form}; an external step's request is kept and published as a JSON "
+            "object for whoever completes it, so the method must take a message with fields "
+            "(or a google.protobuf.Struct)",
+            path=f"{path}.method",
+        )
     request_type = message_class(method.input_type)
     response_type = message_class(method.output_type)
 

@@ -7,6 +7,7 @@ the same workflow: tokenize -> embed -> review (external by default).
   ``grpc_tools.protoc --include_imports`` (once per process).
 * :func:`envelope` builds the definition; ``target`` is ``"local"`` for the
   in-process handlers or the ``host:port`` of :class:`TestGrpcServer`.
+* :func:`with_a_step` adds a step whose method takes and answers given types.
 * :func:`make_registry` returns a registry with the three handlers, counting
   calls in a :class:`CallLog`.
 
@@ -33,7 +34,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import grpc_tools
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 from google.protobuf.message import Message
 from grpc_tools import protoc
 
@@ -361,3 +362,35 @@ __all__ = [
     "tokenize_ids",
     "unused_target",
 ]
+
+
+def with_a_step(
+    *, takes: str = "jobs.test.Text", answers: str = "jobs.test.Text", external: bool = False
+) -> dict[str, Any]:
+    """The test workflow, without review, with one step more: ``answer``.
+
+    Its method, ``answers.Answers/Answer``, takes ``takes`` and answers ``answers``.
+    """
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set())
+    present = {file.name for file in files.file}
+    for module in (any_pb2, wrappers_pb2):
+        if module.DESCRIPTOR.name not in present:
+            module.DESCRIPTOR.CopyToProto(files.file.add())
+    extra = files.file.add(
+        name="answers.proto",
+        package="answers",
+        syntax="proto3",
+        dependency=["jobs_test.proto"]
+        + [f.name for f in files.file if f.name.startswith("google/protobuf/")],
+    )
+    service = extra.service.add(name="Answers")
+    service.method.add(name="Answer", input_type=f".{takes}", output_type=f".{answers}")
+    definition = envelope(review=None, output=[])
+    definition["schema"]["descriptorSetBase64"] = base64.b64encode(
+        files.SerializeToString()
+    ).decode()
+    step: dict[str, Any] = {"name": "answer", "method": "answers.Answers/Answer"}
+    if external:
+        step["completion"] = "external"
+    definition["steps"].append(step)
+    return definition

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from schemas.errors import FailedPrecondition
 from workflows.cache import DefinitionCache, default_cache
 from workflows.failures import FailureKind, SegmentDeadlineExceeded, StepFailure, classify
@@ -39,6 +41,10 @@ CheckpointObserver = Callable[[dict[str, Any]], Awaitable[None]]
 # Told of every step invocation once it ends: the step's name, the seconds it
 # took, and whether it answered (False: it raised, timed out or was cancelled).
 StepTimer = Callable[[str, float, bool], None]
+# What protobuf's JSON writer raises for a value it has no form for: a
+# timestamp or duration out of range, an Any of an unknown type or of bytes
+# that do not parse.
+_NO_JSON_FORM = (ValueError, TypeError, DecodeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +201,17 @@ async def run_segment(
                 if on_step is not None:
                     on_step(step.name, clock() - started, answered)
 
-            response_json = step.response_codec.encode(response)
+            try:
+                response_json = step.response_codec.encode(response)
+            except _NO_JSON_FORM as exc:
+                # A value proto3 JSON cannot write (a timestamp out of range, an
+                # Any of a type the schema lacks): the answer itself is at fault,
+                # and the same call would give it again.
+                raise StepFailure(
+                    FailureKind.NON_RETRYABLE,
+                    step.name,
+                    f"the response of {step.method} has no proto3 JSON form: {exc}",
+                ) from exc
             scope.bind(step.name, response_json)
             violations = step.judge(scope, response, response_json)
             if violations:

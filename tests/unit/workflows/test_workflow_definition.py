@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import InvalidArgument
-from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, descriptor_set, envelope
+from tests.workflows_fixtures import (
+    EMBED,
+    REVIEW,
+    TOKENIZE,
+    descriptor_set,
+    envelope,
+    with_a_step,
+)
 from workflows import (
     DEFAULT_DEADLINE_MS,
     DefinitionCache,
@@ -472,31 +479,6 @@ def test_overlapping_assignments_are_refused() -> None:
 # --- types whose JSON form is not an object ---------------------------------------------
 
 
-def _with_a_step(
-    *, takes: str = "jobs.test.Text", answers: str = "jobs.test.Text", external: bool = False
-) -> dict[str, Any]:
-    """The test workflow with one step more, whose method takes and answers these types."""
-    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set())
-    extra = files.file.add(
-        name="answers.proto",
-        package="answers",
-        syntax="proto3",
-        dependency=["jobs_test.proto"]
-        + [f.name for f in files.file if f.name.startswith("google/protobuf/")],
-    )
-    service = extra.service.add(name="Answers")
-    service.method.add(name="Answer", input_type=f".{takes}", output_type=f".{answers}")
-    definition = envelope(review=None, output=[])
-    definition["schema"]["descriptorSetBase64"] = base64.b64encode(
-        files.SerializeToString()
-    ).decode()
-    step: dict[str, Any] = {"name": "answer", "method": "answers.Answers/Answer"}
-    if external:
-        step["completion"] = "external"
-    definition["steps"].append(step)
-    return definition
-
-
 @pytest.mark.parametrize(
     ("answer", "form"),
     [
@@ -505,6 +487,8 @@ def _with_a_step(
         ("google.protobuf.FieldMask", "a string"),
         ("google.protobuf.ListValue", "an array"),
         ("google.protobuf.Value", "any value, an object only sometimes"),
+        ("google.protobuf.StringValue", "a string"),
+        ("google.protobuf.BoolValue", "true or false"),
     ],
 )
 def test_a_step_answering_what_is_no_json_object_is_refused(answer: str, form: str) -> None:
@@ -512,7 +496,7 @@ def test_a_step_answering_what_is_no_json_object_is_refused(answer: str, form: s
     # object, the event's a Struct): every job would spend its attempts at
     # its first checkpoint and end DEAD.
     with pytest.raises(DefinitionError) as caught:
-        compile_definition(_with_a_step(answers=answer))
+        compile_definition(with_a_step(answers=answer))
     assert caught.value.path == "steps[2].method"
     message = str(caught.value)
     assert f"answers.Answers/Answer answers {answer}, whose JSON form is {form}" in message
@@ -520,7 +504,7 @@ def test_a_step_answering_what_is_no_json_object_is_refused(answer: str, form: s
 
 
 def test_a_step_answering_a_struct_still_compiles() -> None:
-    workflow = compile_definition(_with_a_step(answers="google.protobuf.Struct"))
+    workflow = compile_definition(with_a_step(answers="google.protobuf.Struct"))
     assert workflow.steps[-1].response_type.DESCRIPTOR.full_name == "google.protobuf.Struct"
 
 
@@ -534,14 +518,14 @@ def test_an_external_step_taking_what_is_no_json_object_is_refused(
     # Its request is kept on the row and carried on the WAITING event as an
     # object: the job could never park, and would end DEAD.
     with pytest.raises(DefinitionError) as caught:
-        compile_definition(_with_a_step(takes=request_type, external=True))
+        compile_definition(with_a_step(takes=request_type, external=True))
     assert caught.value.path == "steps[2].method"
     assert f"takes {request_type}, whose JSON form is {form}" in str(caught.value)
 
 
 def test_a_step_it_calls_may_take_a_well_known_type() -> None:
     # A called step's request goes to its handler as a message, never stored.
-    workflow = compile_definition(_with_a_step(takes="google.protobuf.Timestamp"))
+    workflow = compile_definition(with_a_step(takes="google.protobuf.Timestamp"))
     assert workflow.steps[-1].request_type.DESCRIPTOR.full_name == "google.protobuf.Timestamp"
 
 

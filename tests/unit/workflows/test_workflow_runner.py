@@ -22,6 +22,7 @@ from tests.workflows_fixtures import (
     make_registry,
     message_class,
     tokenize_ids,
+    with_a_step,
 )
 from workflows import (
     CompiledWorkflow,
@@ -646,3 +647,46 @@ def test_valid_input_comes_back_canonical() -> None:
     assert workflow.validate_input({"text": TEXT, "delayMs": "5"}) == canonical
     # Input that came through a protobuf Struct carries every number as a double.
     assert workflow.validate_input({"text": TEXT, "delay_ms": 5.0}) == canonical
+
+
+@pytest.mark.parametrize(
+    ("answer", "fragment"),
+    [
+        ({"at": {"seconds": 10**12}}, "Timestamp is not valid"),
+        ({"at": {"nanos": 2_000_000_000}}, "Timestamp is not valid"),
+    ],
+)
+async def test_a_response_with_no_json_form_fails_non_retryably_naming_it(
+    answer: dict[str, Any], fragment: str
+) -> None:
+    # Retrying would ask for the same answer again; before, the codec's own
+    # error escaped the runner and the claim loop spent every attempt on it.
+    async def everything(request: Any, ctx: StepContext) -> Any:
+        message = ctx.response_type()
+        for field, values in answer.items():
+            for name, value in values.items():
+                setattr(getattr(message, field), name, value)
+        return message
+
+    workflow = compile_definition(with_a_step(answers="jobs.test.Everything"))
+    registry = _registry_with("answers.Answers/Answer", everything)
+    observer = Recorder()
+    with pytest.raises(StepFailure) as caught:
+        await _run(workflow, {"text": TEXT}, registry=registry, observer=observer)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert caught.value.step_name == "answer"
+    assert "the response of answers.Answers/Answer has no proto3 JSON form" in caught.value.message
+    assert fragment in caught.value.message
+    assert [entry["name"] for entry in observer.entries] == ["tokenize", "embed"]
+
+
+async def test_a_response_holding_an_any_of_an_unknown_type_fails_non_retryably() -> None:
+    async def boxed(request: Any, ctx: StepContext) -> Any:
+        return ctx.response_type(type_url="type.googleapis.com/nowhere.Unknown", value=b"\x01")
+
+    workflow = compile_definition(with_a_step(answers="google.protobuf.Any"))
+    registry = _registry_with("answers.Answers/Answer", boxed)
+    with pytest.raises(StepFailure) as caught:
+        await _run(workflow, {"text": TEXT}, registry=registry)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert "type.googleapis.com/nowhere.Unknown" in caught.value.message

@@ -344,26 +344,6 @@ def unused_target() -> str:
     return f"127.0.0.1:{port}"
 
 
-__all__ = [
-    "DIMENSIONS",
-    "EMBED",
-    "REVIEW",
-    "TOKENIZE",
-    "CallLog",
-    "TestGrpcServer",
-    "active_fault",
-    "descriptor_set",
-    "descriptor_set_base64",
-    "embed_vector",
-    "envelope",
-    "make_registry",
-    "message_class",
-    "review_verdict",
-    "tokenize_ids",
-    "unused_target",
-]
-
-
 def with_a_step(
     *, takes: str = "jobs.test.Text", answers: str = "jobs.test.Text", external: bool = False
 ) -> dict[str, Any]:
@@ -394,3 +374,24 @@ def with_a_step(
         step["completion"] = "external"
     definition["steps"].append(step)
     return definition
+
+
+__all__ = [
+    "DIMENSIONS",
+    "EMBED",
+    "REVIEW",
+    "TOKENIZE",
+    "CallLog",
+    "TestGrpcServer",
+    "active_fault",
+    "descriptor_set",
+    "descriptor_set_base64",
+    "embed_vector",
+    "envelope",
+    "make_registry",
+    "message_class",
+    "review_verdict",
+    "tokenize_ids",
+    "unused_target",
+    "with_a_step",
+]

@@ -7,6 +7,7 @@ with the variable's name.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -552,7 +553,12 @@ def _parse(name: str, raw: str, default: Any) -> Any:
         if isinstance(default, int):
             return int(raw)
         if isinstance(default, float):
-            return float(raw)
+            # float() also reads "nan" and "inf", which every comparison below
+            # would wave through; no setting means either.
+            number = float(raw)
+            if not math.isfinite(number):
+                raise ValueError(raw)
+            return number
         if isinstance(default, frozenset):
             return frozenset(part.strip() for part in raw.split(",") if part.strip())
         if isinstance(default, tuple):
@@ -562,6 +568,6 @@ def _parse(name: str, raw: str, default: Any) -> Any:
         kind = {
             "bool": "boolean (true/false)",
             "int": "an integer",
-            "float": "a number",
+            "float": "a finite number",
         }.get(type(default).__name__, type(default).__name__)
         raise SettingsError(f"{name} must be {kind}, got {raw!r}") from None

@@ -63,6 +63,15 @@ def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize(
+    "name", ["WFJOBS_LEASE_S", "WFJOBS_COMPILE_TIMEOUT_S", "WFJOBS_RETENTION_INTERVAL_S"]
+)
+def test_a_number_that_is_not_finite_is_refused(name: str, raw: str) -> None:
+    with pytest.raises(SettingsError, match=f"{name} must be a finite number, got '{raw}'"):
+        Settings.from_env({name: raw})
+
+
 def test_the_worker_id_is_required_and_not_blank() -> None:
     with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
         Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()

@@ -625,7 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("job_id")
 
     listing = add("list", cmd_list, "list jobs, newest first")
-    listing.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
+    listing.add_argument(
+        "--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED, DEAD or CANCELLED"
+    )
     listing.add_argument("--name", help="only jobs of this workflow")
     listing.add_argument("--limit", type=int, default=0, help="page size (0: 50, at most 500)")
     listing.add_argument("--page-token", help="the next_page_token of a previous page")

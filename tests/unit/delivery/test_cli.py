@@ -187,6 +187,7 @@ def test_version_prints_the_installed_package_version(
     [
         ["migrate"],
         ["produce", "--workflow-name", "w", "--input", "{}"],
+        ["produce-completion", str(uuid.uuid4()), "review", "--response", "{}"],
         ["events"],
         ["dev"],
     ],

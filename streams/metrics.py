@@ -17,7 +17,7 @@ Three kinds of source feed it:
 
 ``CATALOGUE`` is the one list of names: the families are built from it, the
 README documents it, and the shipped dashboard and alert rules are checked
-against it (``tests/unit/streams/test_metric_names.py``).
+against it (``tests/unit/delivery/test_metric_names.py``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
@@ -389,6 +390,7 @@ class Settings:
             raise SettingsError(
                 f"WFJOBS_EVENT_FORMAT must be 'protobuf' or 'avro', got {self.event_format!r}"
             )
+        self._check_registry_url()
         if self.event_format == "avro" and not self.schema_registry_url:
             raise SettingsError(
                 "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY_URL: Avro events "
@@ -489,6 +491,28 @@ class Settings:
         if not self.request_principal.strip():
             raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
         self._check_observability()
+
+    def _check_registry_url(self) -> None:
+        """Each comma-separated registry URL as the client takes it: ``http://`` or
+        ``https://`` with a host, or confluent's in-process ``mock://``. The client
+        refuses any other only when a process first opens it (a relay starting, a
+        CLI command), with an "Invalid url" that names no variable."""
+        if not self.schema_registry_url:
+            return
+        for item in self.schema_registry_url.split(","):
+            url = item.strip()
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - raises on a port that is not a number
+            except ValueError:
+                parts = None
+            # As the client reads them: a lowercase scheme, written out.
+            web = url.startswith(("http://", "https://"))
+            if parts is None or not ((web and parts.hostname) or url.startswith("mock://")):
+                raise SettingsError(
+                    "WFJOBS_SCHEMA_REGISTRY_URL must be one or more comma-separated "
+                    f"http:// or https:// URLs, got {url!r}"
+                )
 
     def _check_observability(self) -> None:
         if self.tracing not in {"on", "off"}:

@@ -72,6 +72,32 @@ def test_a_number_that_is_not_finite_is_refused(name: str, raw: str) -> None:
         Settings.from_env({name: raw})
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["not a url", "registry:8081", "ftp://registry", "HTTP://registry", "http://", "http://r:x"],
+)
+def test_a_registry_url_the_client_cannot_take_is_refused(url: str) -> None:
+    with pytest.raises(SettingsError, match=f"WFJOBS_SCHEMA_REGISTRY_URL must be .*got '{url}'"):
+        Settings.from_env({"WFJOBS_SCHEMA_REGISTRY_URL": url})
+    with pytest.raises(SettingsError, match="WFJOBS_SCHEMA_REGISTRY_URL"):
+        Settings.from_env({"WFJOBS_SCHEMA_REGISTRY_URL": f"http://registry:8081,{url}"})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://registry:8081",
+        "https://registry.example/apis/ccompat/v7/",
+        "http://a:8081, http://[::1]:8081",
+        "mock://tests",
+    ],
+)
+def test_registry_urls_the_client_takes_are_kept(url: str) -> None:
+    settings = Settings.from_env({"WFJOBS_SCHEMA_REGISTRY_URL": url})
+    assert settings.schema_registry_url == url
+    assert settings.open_registry() is not None
+
+
 def test_the_worker_id_is_required_and_not_blank() -> None:
     with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
         Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()

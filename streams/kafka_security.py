@@ -242,12 +242,34 @@ def bootstrap_servers(settings: Settings) -> list[str]:
                     f"WFJOBS_KAFKA_SECURITY_PROTOCOL is {protocol}: set the protocol there"
                 )
             server = rest
-        if not server or "/" in server:
+        if not server or "/" in server or not _valid_host_port(server):
             raise SecuritySettingsError(
                 f"KAFKA_BOOTSTRAP_SERVERS must be host:port items, got {item.strip()!r}"
             )
         servers.append(server)
     return servers
+
+
+def _valid_host_port(server: str) -> bool:
+    """``host``, ``host:port`` or ``[v6]:port``, the port a TCP port when written.
+
+    Every client takes a missing port as 9092; a port that is not a number
+    would otherwise stop Faust's URL parser with a traceback at import.
+    """
+    if server.startswith("["):
+        host, bracket, rest = server[1:].partition("]")
+        if not bracket or not host:
+            return False
+        if not rest:
+            return True
+        if not rest.startswith(":"):
+            return False
+        port = rest[1:]
+    else:
+        host, colon, port = server.rpartition(":")
+        if not colon:
+            return True
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def kafka_security(settings: Settings) -> KafkaSecurity:

@@ -148,11 +148,33 @@ def test_the_password_may_come_from_a_file(tmp_path: Path) -> None:
         ({"WFJOBS_KAFKA_SSL_CERT_FILE": "/etc/hostname"}, "WFJOBS_KAFKA_SSL_KEY_FILE"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "SSL://k:9093"}, "WFJOBS_KAFKA_SECURITY_PROTOCOL"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "http://k:9093"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "k:abc"}, "KAFKA_BOOTSTRAP_SERVERS must be host:port"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "k1:9093,k2:"}, "KAFKA_BOOTSTRAP_SERVERS must be host:port"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "k:70000"}, "KAFKA_BOOTSTRAP_SERVERS must be host:port"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": ":9093"}, "KAFKA_BOOTSTRAP_SERVERS must be host:port"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "[::1:9093"}, "KAFKA_BOOTSTRAP_SERVERS must be host:port"),
+        (
+            {"KAFKA_BOOTSTRAP_SERVERS": "SASL_SSL://k:x"},
+            "KAFKA_BOOTSTRAP_SERVERS must be host:port",
+        ),
     ],
 )
 def test_a_bad_security_setting_is_refused_by_name(env: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=named):
         settings({**SCRAM, **env})
+
+
+@pytest.mark.parametrize(
+    ("servers", "kept"),
+    [
+        ("k1:9093, k2:9094", ["k1:9093", "k2:9094"]),
+        ("kafka", ["kafka"]),
+        ("[::1]:9093,[fe80::1]", ["[::1]:9093", "[fe80::1]"]),
+        ("SASL_SSL://k:9093", ["k:9093"]),
+    ],
+)
+def test_bootstrap_servers_the_clients_take_are_kept(servers: str, kept: list[str]) -> None:
+    assert settings({**SCRAM, "KAFKA_BOOTSTRAP_SERVERS": servers}).kafka_servers == kept
 
 
 def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:

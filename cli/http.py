@@ -24,6 +24,8 @@ DEFAULT_URL = defaults.API_URL
 HTTP_TIMEOUT_S = 30.0
 TOKEN_ENV = "WFJOBS_TOKEN"
 TOKEN_FILE_ENV = "WFJOBS_TOKEN_FILE"
+# How much of an error answer that is not the API's own JSON is shown.
+_MAX_DETAIL = 300
 
 
 def find_token(environ: Mapping[str, str] | None = None) -> str:
@@ -74,7 +76,15 @@ class ApiClient:
             raise self._unreachable(exc) from None
         if not payload:
             return {}
-        decoded = json.loads(payload)
+        try:
+            decoded = json.loads(payload)
+        except ValueError:
+            # Something else answers at that address: a proxy's page, another service.
+            raise CliError(
+                "INTERNAL",
+                f"{method} {self.base_url}{path} answered something that is not JSON "
+                "(is --url a workflow-jobs worker?)",
+            ) from None
         if not isinstance(decoded, dict):
             raise CliError("INTERNAL", f"{method} {path} answered {type(decoded).__name__}")
         return decoded
@@ -169,7 +179,11 @@ def _http_error(exc: urllib.error.HTTPError) -> CliError:
     if isinstance(body, dict) and "code" in body:
         return CliError(str(body["code"]), str(body.get("message", "")))
     text = raw.decode(errors="replace").strip()
-    return CliError(f"HTTP_{exc.code}", text or str(exc.reason))
+    # Plain text (the HTTP parser's own refusals) says why in its first line; an
+    # HTML page (a proxy's) would fill the terminal, so its status line stands in.
+    plain = exc.headers is None or exc.headers.get_content_type() == "text/plain"
+    detail = text.splitlines()[0][:_MAX_DETAIL] if text and plain else ""
+    return CliError(f"HTTP_{exc.code}", detail or str(exc.reason))
 
 
 def path_segment(segment: str) -> str:

@@ -5,9 +5,12 @@ The verbs against a real worker are exercised by the dev-stack smoke test.
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -315,3 +318,46 @@ def test_a_url_that_is_not_http_is_named_in_one_line(
     assert (code, out) == (1, "")
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("INVALID_ARGUMENT: --url") and url in err
+
+
+class _NotAWorker(http.server.BaseHTTPRequestHandler):
+    """A web server that is not a worker: HTML pages, 200 for the list, 502 otherwise."""
+
+    def do_GET(self) -> None:
+        status = 200 if self.path == "/v1/workflows" else 502
+        page = b"<!DOCTYPE html>\n<html>\n<body>\n<h1>Bad Gateway</h1>\n</body>\n</html>\n"
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_a_worker() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAWorker)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_an_answer_that_is_not_json_is_one_line_naming_the_url(
+    not_a_worker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--url", not_a_worker, "workflows", "list")
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert not_a_worker in err and "not JSON" in err
+
+    code, out, err = run(capsys, "--url", not_a_worker, "get", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("HTTP_502: ") and "<html>" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -20,6 +21,18 @@ def _finite(text: str) -> float:
     value = float(text)
     if math.isinf(value):
         raise ValueError(f"{text} does not fit a double")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds above zero. The Kafka client
+    takes the delivery timeout in whole milliseconds, where 0 means forever."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0.001:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 

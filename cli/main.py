@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from cli.arguments import job_id_argument, json_object, required
+from cli.arguments import job_id_argument, json_object, positive_seconds, required
 from cli.errors import CliError
 from cli.http import DEFAULT_URL, ApiClient, path_segment
 from cli.kafka import cmd_events, cmd_produce, cmd_produce_completion
@@ -741,7 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="a whole-job deadline from submission (0: the definition's, if any)",
     )
-    produce.add_argument("--timeout", type=float, default=30.0, help="delivery timeout, seconds")
+    produce.add_argument(
+        "--timeout", type=positive_seconds, default=30.0, help="delivery timeout, seconds"
+    )
 
     produce_completion = add(
         "produce-completion",
@@ -762,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--request-id", help="echoed on the StepCompletionResult (default: a new UUID)"
     )
     produce_completion.add_argument(
-        "--timeout", type=float, default=30.0, help="delivery timeout, seconds"
+        "--timeout", type=positive_seconds, default=30.0, help="delivery timeout, seconds"
     )
 
     events = add(

@@ -173,6 +173,9 @@ def cmd_produce_completion(args: argparse.Namespace, out: Output) -> int:
         principal=args.principal or "",
         request_id=args.request_id or str(uuid.uuid4()),
     )
+    # Present even when empty: {} is a response (every field of the output type
+    # left out), and Struct.update of nothing would leave the required field unset.
+    completion.response.SetInParent()
     completion.response.update(json_object(args.response, "--response"))
     check_incoming(completion)
     value = _framed(settings, completion, settings.completions_topic, "completion")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cli import kafka as cli_kafka
 from cli.arguments import json_object
 from cli.errors import CliError
 from cli.http import DEFAULT_URL
@@ -23,6 +24,7 @@ from cli.main import build_parser
 from cli.main import main as cli_main
 from cli.render import Output, event_summary, render_job, render_jobs
 from devstack.processes import free_port
+from schemas.contract import StepCompletion
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -381,3 +383,18 @@ def test_a_delivery_timeout_must_be_a_positive_number_of_seconds(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "argument --timeout" in err and "Traceback" not in err
+
+
+def test_produce_completion_sends_an_empty_response_as_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step whose output type needs no field is completed with {}, as over HTTP.
+    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+    sent: list[bytes] = []
+    monkeypatch.setattr(cli_kafka, "_deliver", lambda *_, value, **__: sent.append(value))
+    job_id = str(uuid.uuid4())
+    code, _, err = run(capsys, "produce-completion", job_id, "review", "--response", "{}")
+    assert code == 0, err
+    completion = StepCompletion.FromString(sent[0])
+    assert completion.job_id == job_id and completion.HasField("response")
+    assert dict(completion.response) == {}

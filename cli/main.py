@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.markup import escape
 
@@ -42,6 +42,8 @@ from cli.render import (
 from cli.watch import cmd_watch
 from schemas import defaults
 from schemas.errors import WorkflowJobsError
+
+T = TypeVar("T")
 
 DEV_EXTRA_INSTALL = "pip install 'workflow-jobs[dev]'"
 
@@ -354,12 +356,8 @@ def cmd_dlq_redrive(args: argparse.Namespace, out: Output) -> int:
 def cmd_migrate(args: argparse.Namespace, out: Output) -> int:
     # Imported here: the verbs that only speak HTTP need neither the store nor the settings.
     from store.migrate import migrate
-    from streams.settings import Settings
 
-    dsn = args.dsn or Settings.from_env().database_url
-    if not dsn:
-        raise CliError("INVALID_ARGUMENT", "no database: set DATABASE_URL or pass --dsn")
-    applied = asyncio.run(migrate(dsn))
+    applied = _on_database(migrate(_database_url(args)))
     if out.as_json:
         out.json({"applied": applied})
     elif applied:
@@ -371,12 +369,28 @@ def cmd_migrate(args: argparse.Namespace, out: Output) -> int:
 
 
 def _database_url(args: argparse.Namespace) -> str:
+    from store.databases import check_dsn
     from streams.settings import Settings
 
     dsn: str = args.dsn or Settings.from_env().database_url
     if not dsn:
         raise CliError("INVALID_ARGUMENT", "no database: set DATABASE_URL or pass --dsn")
+    check_dsn(dsn)
     return dsn
+
+
+def _on_database(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work``, which opens its own connection: a database that cannot be
+    reached is a one-line UNAVAILABLE, not the driver's traceback."""
+    from store.errors import unreachable
+
+    try:
+        return asyncio.run(work)
+    except Exception as exc:
+        error = unreachable(exc)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _token_json(record: Any) -> dict[str, Any]:
@@ -394,7 +408,7 @@ def cmd_tokens_create(args: argparse.Namespace, out: Output) -> int:
     from streams.auth import parse_scopes
 
     scopes = parse_scopes(args.scope or [])
-    issued = asyncio.run(create_token(_database_url(args), args.principal, scopes))
+    issued = _on_database(create_token(_database_url(args), args.principal, scopes))
     if out.as_json:
         out.json({"token": issued.token, **_token_json(issued.record)})
         return 0
@@ -413,7 +427,7 @@ def cmd_tokens_list(args: argparse.Namespace, out: Output) -> int:
 
     from store.tokens import list_tokens
 
-    records = asyncio.run(list_tokens(_database_url(args)))
+    records = _on_database(list_tokens(_database_url(args)))
     if out.as_json:
         out.json({"tokens": [_token_json(record) for record in records]})
         return 0
@@ -435,7 +449,7 @@ def cmd_tokens_list(args: argparse.Namespace, out: Output) -> int:
 def cmd_tokens_revoke(args: argparse.Namespace, out: Output) -> int:
     from store.tokens import revoke_token
 
-    record = asyncio.run(revoke_token(_database_url(args), args.id.strip()))
+    record = _on_database(revoke_token(_database_url(args), args.id.strip()))
     if out.as_json:
         out.json(_token_json(record))
     else:

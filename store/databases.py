@@ -13,9 +13,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from schemas.errors import InvalidArgument
+
 __all__ = [
     "DatabaseError",
     "check_connects",
+    "check_dsn",
     "connects",
     "create_database",
     "database_name",
@@ -40,6 +43,15 @@ def dsn_with_database(dsn: str, dbname: str) -> str:
         parts = urlsplit(dsn)
         return urlunsplit(parts._replace(path=f"/{dbname}"))
     return make_conninfo(dsn, dbname=dbname)
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot read, with libpq's reason, before anything connects."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        # Not echoed: a DSN may hold a password; libpq quotes the part it cannot read.
+        raise InvalidArgument(f"the database URL does not parse: {exc}".strip()) from None
 
 
 def database_name(dsn_or_name: str) -> str:

@@ -59,6 +59,16 @@ def outages_as_unavailable() -> Iterator[None]:
         raise Unavailable(f"the store is unreachable: {exc}") from exc
 
 
+def unreachable(exc: BaseException) -> Unavailable | None:
+    """The one-line error a command with a connection of its own reports instead
+    of ``exc`` when the database cannot be reached (libpq adds hint lines)."""
+    if not is_outage(exc):
+        return None
+    lines = str(exc).strip().splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    return Unavailable(f"cannot reach the database: {detail}")
+
+
 def refused_value(exc: BaseException, what: str) -> UnstorableValue | None:
     """The error to raise instead of ``exc`` when the database refused a value."""
     if isinstance(exc, _REFUSED_VALUES):

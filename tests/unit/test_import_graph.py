@@ -25,7 +25,15 @@ PACKAGES = (*SERVICE, "cli", "devstack")
 # What a cli module may import at its top: itself and the wire contract.
 CLI_EAGER = {"cli", "schemas"}
 # What a cli command may import inside its function, when it runs.
-CLI_LAZY = {"streams.settings", "store.migrate", "store.tokens", "streams.auth", "devstack.stack"}
+CLI_LAZY = {
+    "streams.settings",
+    "store.databases",
+    "store.errors",
+    "store.migrate",
+    "store.tokens",
+    "streams.auth",
+    "devstack.stack",
+}
 # The one place the command line starts the embedded stack.
 DEV_COMMAND = ("cli.main", "_dev_stack")
 DEVSTACK_USES = {"devstack", "streams", "store", "workflows", "schemas", "migrations"}

@@ -398,3 +398,33 @@ def test_produce_completion_sends_an_empty_response_as_one(
     completion = StepCompletion.FromString(sent[0])
     assert completion.job_id == job_id and completion.HasField("response")
     assert dict(completion.response) == {}
+
+
+DATABASE_COMMANDS = [
+    ["migrate"],
+    ["tokens", "create", "--principal", "ci", "--scope", "read"],
+    ["tokens", "list"],
+    ["tokens", "revoke", "0123456789ab"],
+]
+
+
+@pytest.mark.parametrize("argv", DATABASE_COMMANDS, ids=" ".join)
+def test_a_database_that_cannot_be_reached_is_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = f"postgresql://wfjobs@127.0.0.1:{free_port()}/wfjobs"
+    code, out, err = run(capsys, *argv, "--dsn", dsn)
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("UNAVAILABLE: cannot reach the database: ") and "refused" in err
+
+
+@pytest.mark.parametrize("argv", DATABASE_COMMANDS, ids=" ".join)
+def test_a_database_url_that_does_not_parse_is_named_in_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "nonsense://")
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("INVALID_ARGUMENT: ") and "nonsense://" in err

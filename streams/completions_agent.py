@@ -4,7 +4,9 @@ A ``StepCompletion`` on the topic is exactly a complete-step call made over
 HTTP: the same ``streams.jobs.Jobs.complete_step``, the same gate under the row
 lock, the same outcomes. Each message is answered with one
 ``StepCompletionResult`` on ``workflow-step-completion-results``, keyed by the
-job id and echoing the message's ``request_id``:
+job id and echoing the message's ``request_id`` (an echoed field that breaks
+its rules is cut to 200 characters, and the message to 2000, so every answer
+fits what the producer may send):
 
 * COMPLETED, ALREADY_DONE, REJECTED: the gate's own answers (REJECTED: the
   response broke the step's rules and the job FAILED with that verdict);
@@ -65,6 +67,9 @@ Publish = Callable[[bytes, bytes], Awaitable[None]]
 
 # The gate reads the job, then locks it; a job that moved in between is asked again.
 _GATE_TRIES = 3
+# The longest step_name or request_id a StepCompletion may carry (a job id is shorter).
+_ECHO_MAX = 200
+_MESSAGE_MAX = 2000
 
 
 class CompletionHandler:
@@ -135,12 +140,15 @@ class CompletionHandler:
 
 
 def _answer(completion: StepCompletion, outcome: int, message: str) -> StepCompletionResult:
+    # Echoed fields that broke their rules are cut to the longest the contract
+    # accepts: a completion the broker took, echoed whole and keyed by its job
+    # id, could exceed what the producer may send, and be refused on every try.
     return StepCompletionResult(
-        job_id=completion.job_id,
-        step_name=completion.step_name,
-        request_id=completion.request_id,
+        job_id=completion.job_id[:_ECHO_MAX],
+        step_name=completion.step_name[:_ECHO_MAX],
+        request_id=completion.request_id[:_ECHO_MAX],
         outcome=outcome,  # type: ignore[arg-type]
-        message=message,
+        message=message[:_MESSAGE_MAX],
     )
 
 

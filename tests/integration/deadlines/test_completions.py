@@ -6,12 +6,15 @@ the answers and acks; the end-to-end test runs it against a real broker.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import uuid
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from faust.exceptions import ProducerSendError
 
 from schemas.contract import StepCompletion, StepCompletionResult
 from schemas.errors import Unavailable
@@ -131,3 +134,39 @@ async def test_the_result_is_published_and_an_outage_is_waited_out(
     published = StepCompletionResult()
     published.ParseFromString(sent[0][1])
     assert published == result
+
+
+async def test_a_completion_too_large_to_echo_is_answered_within_the_producers_limit(
+    app: App, handler: CompletionHandler
+) -> None:
+    # Broken fields are echoed on the answer, keyed by the job id: a completion
+    # the broker took (under 1 MB) would be answered with more than Faust's
+    # producer sends (max_request_size 1 000 000), and refused on every try.
+    sent: list[tuple[bytes, bytes]] = []
+
+    async def publish(key: bytes, value: bytes) -> None:
+        if DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []) > 1_000_000:
+            raise ProducerSendError("Error while sending: MessageSizeTooLargeError()")
+        sent.append((key, value))
+
+    message = StepCompletion(
+        job_id="j" * 300_000, step_name="s" * 300_000, request_id="r" * 300_000
+    )
+    message.response.update({"approved": True})
+    oversized = await asyncio.wait_for(
+        answer_until_done(
+            handler,
+            ResultEncoder(None, "results"),
+            publish,
+            message.SerializeToString(),
+            base_s=0.01,
+            cap_s=0.02,
+        ),
+        timeout=10,
+    )
+    assert oversized.outcome == Outcome.INVALID and "job_id" in oversized.message
+    [(key, value)] = sent
+    answer = StepCompletionResult.FromString(value)
+    assert answer.outcome == Outcome.INVALID and key == answer.job_id.encode()
+    assert 0 < len(answer.job_id) <= 200 and answer.job_id == "j" * len(answer.job_id)
+    assert 0 < len(answer.step_name) <= 200 and 0 < len(answer.request_id) <= 200

@@ -147,7 +147,7 @@ def struct_to_dict(value: Struct, field: str) -> dict[str, Any]:
         if where is None:
             raise
         raise InvalidArgument(
-            f"{where} is not a finite number: JSON has no NaN or Infinity,"
+            f"{_cut(where)} is not a finite number: JSON has no NaN or Infinity,"
             " and a number must fit a double"
         ) from None
     result: dict[str, Any] = integral_numbers(plain)
@@ -200,10 +200,14 @@ def nul_field(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _cut(where: str) -> str:
+    """A path through the caller's field names, cut short: a refusal becomes a
+    dead letter's header or an answer's message, which must not grow with them."""
+    return where[:200] + "..." if len(where) > 200 else where
+
+
 def nul_refusal(where: str) -> InvalidArgument:
-    if len(where) > 200:
-        where = where[:200] + "..."
-    return InvalidArgument(f"{where} contains U+0000 (NUL), which is not accepted")
+    return InvalidArgument(f"{_cut(where)} contains U+0000 (NUL), which is not accepted")
 
 
 def storable_json(value: Struct, field: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from faust.exceptions import ProducerSendError
 
 from schemas.contract import WorkflowRunRequest
 from schemas.errors import NotFound, ResourceExhausted, UnstorableValue
@@ -20,6 +22,7 @@ from schemas.serde import RequestDecoder
 from store.runs import RunStore
 from streams.admission import Admission, QueueDepth
 from streams.request_agent import RequestHandler, handle_until_done
+from streams.requests_dlq import DLQ_REASON_HEADER
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import Letters, running
 from tests.workflows_fixtures import envelope
@@ -226,3 +229,33 @@ async def test_a_full_backlog_holds_requests_back_until_there_is_room(
         assert outcome.kind == "submitted"
         assert (await runtime.require_runs().get(second)).status == "QUEUED"
         assert letters.sent == []
+
+
+class SizedLetters(Letters):
+    """A dead-letter sink that refuses what Faust's producer refuses: a record
+    (key, value and the reason header) above its max_request_size, 1 000 000 bytes."""
+
+    async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
+        headers = [(DLQ_REASON_HEADER, reason.encode())]
+        if DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers) > 1_000_000:
+            raise ProducerSendError("Error while sending: MessageSizeTooLargeError()")
+        await super().__call__(key, value, reason)
+
+
+async def test_an_over_long_field_name_is_cut_in_the_reason_so_the_dead_letter_fits(
+    runtime: Runtime,
+) -> None:
+    sized = SizedLetters()
+    handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=sized, topic="t")
+    value = request(str(uuid.uuid4()), **{"k" * 600_000: math.nan})
+    outcome = await handle_until_done(handler, b"k", value, base_s=0.01, cap_s=0.02)
+    assert outcome.kind == "dead_lettered"
+    [(key, sent, reason)] = sized.sent
+    assert (key, sent) == (b"k", value)
+    assert (
+        reason.startswith("input.kkk")
+        and reason.endswith(
+            "is not a finite number: JSON has no NaN or Infinity, and a number must fit a double"
+        )
+        and len(reason) < 400
+    )

@@ -43,3 +43,16 @@ def test_storable_json_also_refuses_text_holding_nul_naming_its_path() -> None:
     with pytest.raises(InvalidArgument) as refused:
         storable_json(_struct({"a": ["x", "y\x00"]}), "input")
     assert refused.value.message == "input.a[1] contains U+0000 (NUL), which is not accepted"
+
+
+def test_a_path_through_over_long_field_names_is_cut_in_the_refusal() -> None:
+    # The refusal becomes a dead letter's reason header or an answer's message:
+    # it must not grow with the caller's field names.
+    long_name = "k" * 100_000
+    with pytest.raises(InvalidArgument) as refused:
+        struct_to_dict(_struct({long_name: {long_name: math.nan}}), "input")
+    message = refused.value.message
+    assert message.startswith("input.kkk") and len(message) < 400, len(message)
+    assert message.endswith(
+        "... is not a finite number: JSON has no NaN or Infinity, and a number must fit a double"
+    )

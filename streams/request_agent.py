@@ -7,7 +7,8 @@ One message, one outcome, decided in ``RequestHandler.handle``:
   is not a UUID, an empty workflow name), or its input holds what no JSON
   column can store (a number that is NaN or infinite, text with U+0000) or
   the database refuses it: the same key and value go to the dead-letter topic
-  with the reason in the ``x-wfjobs-dlq-reason`` header;
+  with the reason in the ``x-wfjobs-dlq-reason`` header (a value too large to
+  be copied there is left out, the reason saying where on this topic it stays);
 * the named workflow is not stored, its definition does not compile, or the
   input does not fit its input type: a FAILED row with the reason (and its
   FAILED event), so whoever produced the request can look the job up by id;
@@ -46,6 +47,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
+from aiokafka.errors import MessageSizeTooLargeError  # type: ignore[import-untyped]
+
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, UnstorableValue
@@ -78,14 +81,21 @@ OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 # Sends one dead letter and returns once the broker acknowledged it.
 DeadLetter = Callable[[bytes | None, bytes | None, str], Awaitable[None]]
 
+# A key longer than this is left off a dead letter that lost its value too.
+_KEY_KEPT_MAX = 1024
+# A dead letter's reason header is cut here: it must not make the letter too large.
+_REASON_MAX = 4000
+
 
 class Message(NamedTuple):
-    """A message as the agent reads it: its key, its value, and the W3C trace
-    context its headers carried (None when absent or malformed)."""
+    """A message as the agent reads it: its key, its value, the W3C trace
+    context its headers carried (None when absent or malformed), and where it
+    sits on the request topic (``partition:offset``, "" when unknown)."""
 
     key: bytes | None
     value: bytes | None
     trace: TraceContext | None = None
+    position: str = ""
 
 
 class Decoded(NamedTuple):
@@ -122,7 +132,11 @@ class RequestHandler:
         self._topic = topic
 
     async def handle(
-        self, key: bytes | None, value: bytes | None, trace: TraceContext | None = None
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        trace: TraceContext | None = None,
+        position: str = "",
     ) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
         if is_framed(value or b""):
@@ -132,12 +146,12 @@ class RequestHandler:
         else:
             decoded = self._decode(value)
         if isinstance(decoded, str):
-            return await self.reject(key, value, decoded)
+            return await self.reject(key, value, decoded, position)
         try:
             return await self._submit(decoded, trace)
         except UnstorableValue as exc:
             # The database refuses this request's values, now and on every try.
-            return await self.reject(key, value, exc.message)
+            return await self.reject(key, value, exc.message, position)
 
     async def handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
         """One attempt at many messages, one outcome each, in order.
@@ -179,7 +193,9 @@ class RequestHandler:
         outcomes: list[Outcome] = []
         for message, request in zip(messages, decoded, strict=True):
             if isinstance(request, str):
-                outcomes.append(await self.reject(message.key, message.value, request))
+                outcomes.append(
+                    await self.reject(message.key, message.value, request, message.position)
+                )
             else:
                 outcomes.append(_outcome(next(submitted)))
         return outcomes
@@ -198,10 +214,33 @@ class RequestHandler:
         except InvalidArgument as exc:
             return exc.message
 
-    async def reject(self, key: bytes | None, value: bytes | None, reason: str) -> Outcome:
-        """Send the message to the dead-letter topic with ``reason``."""
+    async def reject(
+        self, key: bytes | None, value: bytes | None, reason: str, position: str = ""
+    ) -> Outcome:
+        """Send the message to the dead-letter topic with ``reason``.
+
+        A message too large to be copied there (the dead letter also carries
+        the reason) is dead-lettered without its value, the reason saying where
+        it stays: retrying would be refused the same way forever, holding the
+        partition.
+        """
+        reason = reason if len(reason) <= _REASON_MAX else reason[:_REASON_MAX] + "..."
         log.warning("request to the dead-letter topic: %s", reason)
-        await self._dead_letter(key, value, reason)
+        try:
+            await self._dead_letter(key, value, reason)
+        except Exception as exc:
+            if not _too_large(exc) or (not value and not key):
+                raise
+            kept_key = key if key is None or len(key) <= _KEY_KEPT_MAX else None
+            left_out = "its value was" if kept_key is key else "its key and value were"
+            size = len(key or b"") + len(value or b"")
+            where = f" at {position}" if position else ""
+            reason = (
+                f"{reason}; the request ({size} bytes) is too large for the dead-letter topic, "
+                f"so {left_out} left out: it stays on {self._topic}{where}"
+            )
+            log.error("request to the dead-letter topic without its value: %s", reason)
+            await self._dead_letter(kept_key, None, reason)
         return Outcome("dead_lettered", reason=reason)
 
     def owner_of(self, request: WorkflowRunRequest) -> str:
@@ -228,6 +267,14 @@ class RequestHandler:
         return _outcome(submitted)
 
 
+def _too_large(exc: BaseException) -> bool:
+    """The producer (before sending) or the broker refused a record for its size;
+    Faust wraps the producer's refusal in its own error."""
+    return isinstance(exc, MessageSizeTooLargeError) or isinstance(
+        exc.__cause__, MessageSizeTooLargeError
+    )
+
+
 def _outcome(submitted: Submitted) -> Outcome:
     kind: OutcomeKind = "failed" if submitted.refused else "submitted"
     if not submitted.created:
@@ -244,6 +291,7 @@ async def handle_until_done(
     cap_s: float = 30.0,
     max_defects: int = 3,
     trace: TraceContext | None = None,
+    position: str = "",
 ) -> Outcome:
     """``handler.handle`` until it succeeds: an outage is waited out, never skipped.
 
@@ -258,9 +306,12 @@ async def handle_until_done(
         try:
             if defects >= max_defects:
                 return await handler.reject(
-                    key, value, f"internal error while handling the request: {last_defect}"
+                    key,
+                    value,
+                    f"internal error while handling the request: {last_defect}",
+                    position,
                 )
-            return await handler.handle(key, value, trace)
+            return await handler.handle(key, value, trace, position=position)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -323,6 +374,7 @@ async def handle_batch_until_done(
                         cap_s=cap_s,
                         max_defects=max_defects,
                         trace=message.trace,
+                        position=message.position,
                     )
                     for message in messages
                 ]
@@ -402,7 +454,8 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
 def _message(event: EventT[bytes]) -> Message:
     key = event.key if isinstance(event.key, bytes) or event.key is None else None
     value = event.value if isinstance(event.value, bytes) else None
-    return Message(key, value, headers_of(event.message.headers))
+    position = f"{event.message.partition}:{event.message.offset}"
+    return Message(key, value, headers_of(event.message.headers), position)
 
 
 __all__ = [

@@ -8,6 +8,10 @@ workflow name when the value decodes) and redrives them: the original key and
 value are produced to the requests topic again, with an
 ``x-wfjobs-redriven-from`` header naming where they came from.
 
+A request too large to be copied to the dead-letter topic is dead-lettered
+without its value, its reason naming where it stays on the requests topic;
+redriving that one produces an empty value, which only comes back.
+
 The dead-letter topic is a log: redriving copies a message, it does not remove
 it. Redriving one twice is harmless for a request that decodes (submit is
 idempotent on ``job_id``); one that still does not decode simply comes back to

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import pytest
+from confluent_kafka import Producer
 
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
@@ -84,6 +86,38 @@ async def test_garbage_bad_uuid_and_unknown_workflow_do_not_stall_the_agent(stac
         "STEP_CHECKPOINT",
         "COMPLETED",
     ]
+
+
+async def test_a_request_too_large_to_dead_letter_does_not_hold_its_partition(
+    stack: Stack,
+) -> None:
+    worker = await stack.start_worker("w1")
+    workflow = envelope(name="e2e-auto", review="invoke")
+    await stack.put_workflow(worker, workflow)
+
+    # The broker takes it (its default limit is 1 048 588 bytes), but copied
+    # with the reason header it is more than the worker's producer sends.
+    key = b"one-partition"
+    huge = b"\xff" * 1_020_000
+    large = Producer({"bootstrap.servers": stack.bootstrap, "message.max.bytes": 1_048_000})
+    large.produce(stack.requests_topic, key=key, value=huge)
+    assert large.flush(10) == 0
+    behind = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name=workflow["name"])
+    behind.input.update({"text": "behind the huge one"})
+    stack.produce_keyed(stack.requests_topic, key=key, value=behind.SerializeToString())
+    stack.flush()
+
+    done = await stack.wait_for_job(behind.job_id, {"COMPLETED", "FAILED", "DEAD"}, timeout_s=60)
+    assert done.status == "COMPLETED", done
+    [letter] = read_dlq(stack.bootstrap, stack.dlq_topic, 1, count=1, timeout_s=20)
+    assert (letter.key(), letter.value()) == (key, None)
+    reason = dict(letter.headers() or [])[DLQ_REASON_HEADER].decode()
+    assert reason.startswith("not a WorkflowRunRequest"), reason
+    assert "the request (1020013 bytes) is too large for the dead-letter topic, so its value" in (
+        reason
+    )
+    # The first message of whichever partition the key picks.
+    assert re.search(rf"left out: it stays on {re.escape(stack.requests_topic)} at \d+:0$", reason)
 
 
 async def test_the_offset_moves_only_after_the_row_commits(stack: Stack) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.exceptions import ProducerSendError
 
@@ -122,7 +123,9 @@ async def test_a_store_outage_is_waited_out_not_skipped(
 async def test_a_persistent_defect_dead_letters_the_message(
     handler: RequestHandler, letters: Letters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(key: bytes | None, value: bytes | None, trace: Any = None) -> Any:
+    async def broken(
+        key: bytes | None, value: bytes | None, trace: Any = None, position: str = ""
+    ) -> Any:
         raise TypeError("a bug, not an outage")
 
     monkeypatch.setattr(handler, "handle", broken)
@@ -238,7 +241,9 @@ class SizedLetters(Letters):
     async def __call__(self, key: bytes | None, value: bytes | None, reason: str) -> None:
         headers = [(DLQ_REASON_HEADER, reason.encode())]
         if DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers) > 1_000_000:
-            raise ProducerSendError("Error while sending: MessageSizeTooLargeError()")
+            # As faust's aiokafka driver wraps aiokafka's refusal.
+            too_large = MessageSizeTooLargeError("larger than the maximum request size")
+            raise ProducerSendError(f"Error while sending: {too_large!r}") from too_large
         await super().__call__(key, value, reason)
 
 
@@ -259,3 +264,25 @@ async def test_an_over_long_field_name_is_cut_in_the_reason_so_the_dead_letter_f
         )
         and len(reason) < 400
     )
+
+
+async def test_a_request_too_large_to_dead_letter_leaves_a_dead_letter_without_its_value(
+    runtime: Runtime,
+) -> None:
+    # The broker takes up to 1 048 588 bytes on the request topic; Faust's
+    # producer sends at most 1 000 000, the reason header included.
+    sized = SizedLetters()
+    handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=sized, topic="t")
+    value = b"\xff" * 999_990
+    outcome = await asyncio.wait_for(
+        handle_until_done(handler, b"k", value, base_s=0.01, cap_s=0.02, position="3:41"),
+        timeout=10,
+    )
+    assert outcome.kind == "dead_lettered"
+    [(key, sent, reason)] = sized.sent
+    assert (key, sent) == (b"k", None)
+    assert reason.startswith("not a WorkflowRunRequest in plain Protobuf: ")
+    assert reason.endswith(
+        "; the request (999991 bytes) is too large for the dead-letter topic, so its value was"
+        " left out: it stays on t at 3:41"
+    ), reason

@@ -25,6 +25,7 @@ zero byte (tag 0 is not a valid field), so a leading ``0`` always means framing.
 from __future__ import annotations
 
 import abc
+import base64
 import io
 import json
 import math
@@ -40,6 +41,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
@@ -547,6 +549,80 @@ def _decode_avro_without_registry(data: bytes) -> WorkflowRunEvent:
     return avro_record_to_event(record)
 
 
+class _WriterNames:
+    """The full name of the message a framed Protobuf value was written as.
+
+    confluent's deserializer parses the bytes into the reader's class whatever
+    message the writer schema names, and messages of the contract share field
+    numbers and types: a StepCompletion framed for its own topic parses as a
+    WorkflowRunRequest whose workflow is the step's name. The writer schema
+    says what the value is, so that is checked (once per schema id and index).
+    """
+
+    def __init__(self, registry: SchemaRegistryClient | None) -> None:
+        self._registry = registry
+        self._names: dict[tuple[int, tuple[int, ...]], str] = {}
+
+    def check(self, data: bytes, expected: type[Message], topic: str) -> None:
+        """Raise ``UndecodableMessage`` when ``data`` was written as another message."""
+        if self._registry is None:
+            return  # without a registry the framing is taken on trust
+        schema_id = framed_schema_id(data)
+        key = (schema_id, _message_indexes(data))
+        name = self._names.get(key)
+        if name is None:
+            # Asked as confluent's deserializer asks, so its cached answer serves.
+            schema = self._registry.get_schema(schema_id, f"{topic}-value", "serialized")
+            if schema.schema_str is None:
+                raise UndecodableMessage(f"the registry has no schema text for id {schema_id}")
+            name = _message_name(schema.schema_str, key[1])
+            self._names[key] = name
+        wanted = expected.DESCRIPTOR
+        if name != wanted.full_name:
+            raise UndecodableMessage(
+                f"cannot decode {wanted.name}: the value was written with the schema of {name}"
+            )
+
+
+def _message_indexes(data: bytes) -> tuple[int, ...]:
+    """The message-index array after the schema id: zigzag varints, a count first
+    (0 alone standing for the first message of the file)."""
+    position = 5
+
+    def varint() -> int:
+        nonlocal position
+        shift = result = 0
+        while True:
+            if position >= len(data) or shift > 63:
+                raise UndecodableMessage("the Confluent message-index array is cut short")
+            byte = data[position]
+            position += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return (result >> 1) ^ -(result & 1)
+            shift += 7
+
+    count = varint()
+    if count == 0:
+        return (0,)
+    if not 0 < count <= 64:
+        raise UndecodableMessage(f"the Confluent message-index array has {count} entries")
+    return tuple(varint() for _ in range(count))
+
+
+def _message_name(schema_text: str, indexes: tuple[int, ...]) -> str:
+    """The full name of the message ``indexes`` pick in a serialized (base64) file."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema_text))
+    names: list[str] = []
+    messages = file.message_type
+    for index in indexes:
+        if not 0 <= index < len(messages):
+            raise UndecodableMessage(f"the writer schema has no message at index {indexes}")
+        names.append(messages[index].name)
+        messages = messages[index].nested_type
+    return ".".join([file.package, *names] if file.package else names)
+
+
 class RequestDecoder:
     """Decodes ``workflow-run-requests`` values, framed or plain, into ``WorkflowRunRequest``."""
 
@@ -558,6 +634,7 @@ class RequestDecoder:
     ) -> None:
         self._topic = topic
         self._protobuf = ProtobufDeserializer(WorkflowRunRequest, dict(_SERDE_CONF), registry)
+        self._writers = _WriterNames(registry)
 
     def decode(self, data: bytes | None, *, topic: str | None = None) -> WorkflowRunRequest:
         if data is None:
@@ -566,6 +643,9 @@ class RequestDecoder:
             return _parse_plain(WorkflowRunRequest, data)
         try:
             request = self._protobuf(data, _context(topic or self._topic))
+            self._writers.check(data, WorkflowRunRequest, topic or self._topic)
+        except UndecodableMessage:
+            raise
         except Exception as exc:
             raise _decode_failure("WorkflowRunRequest", exc) from None
         if not isinstance(request, WorkflowRunRequest):
@@ -586,6 +666,7 @@ class MessageDecoder(Generic[M]):
         self._type = message_type
         self._topic = topic
         self._protobuf = ProtobufDeserializer(message_type, dict(_SERDE_CONF), registry)
+        self._writers = _WriterNames(registry)
 
     def decode(self, data: bytes | None, *, topic: str | None = None) -> M:
         name = self._type.DESCRIPTOR.name
@@ -595,6 +676,9 @@ class MessageDecoder(Generic[M]):
             return _parse_plain(self._type, data)
         try:
             message = self._protobuf(data, _context(topic or self._topic))
+            self._writers.check(data, self._type, topic or self._topic)
+        except UndecodableMessage:
+            raise
         except Exception as exc:
             raise _decode_failure(name, exc) from None
         if not isinstance(message, self._type):

@@ -28,6 +28,7 @@ from devstack.schema_registry import SchemaRegistryService
 from schemas.consumer import consumer_file
 from schemas.contract import (
     EventType,
+    StepCompletion,
     WorkflowRunEvent,
     WorkflowRunRequest,
     build_event,
@@ -36,7 +37,14 @@ from schemas.contract import (
     with_event_id,
 )
 from schemas.generate import CONSUMER_ROOT
-from schemas.serde import COMPATIBILITY, encode_request, event_serializer
+from schemas.serde import (
+    COMPATIBILITY,
+    RequestDecoder,
+    UndecodableMessage,
+    encode_message,
+    encode_request,
+    event_serializer,
+)
 from streams.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -207,6 +215,16 @@ def test_a_consumer_with_only_protoc_classes_reads_events_and_requests(
     request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="embed-and-review")
     request.input.update({"text": "the quick brown fox", "limit": 3})
     framed_request = encode_request(request, registry=registry, topic=requests_topic)
+    # The worker's decoder, with a client of its own: the value's writer schema
+    # must name the request, not a message whose fields happen to line up.
+    worker_side = RequestDecoder(settings.open_registry(), topic=requests_topic)
+    assert worker_side.decode(framed_request) == request
+    completion = StepCompletion(job_id=request.job_id, step_name="review")
+    completion.response.update({"approved": True})
+    completions_topic = f"contract-completions-{uuid.uuid4().hex[:12]}"
+    framed_completion = encode_message(completion, registry=registry, topic=completions_topic)
+    with pytest.raises(UndecodableMessage, match=r"schema of workflowjobs\.v1\.StepCompletion$"):
+        worker_side.decode(framed_completion)
 
     gen = tmp_path / "consumer"
     gen.mkdir()

@@ -18,9 +18,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.message import Message
 
+from schemas import defaults
 from schemas.consumer import consumer_file, consumer_message_class
 from schemas.contract import (
     EventType,
+    StepCompletion,
     WorkflowRunEvent,
     WorkflowRunRequest,
     build_event,
@@ -31,12 +33,14 @@ from schemas.errors import InvalidArgument, Unavailable
 from schemas.serde import (
     AvroEventSerializer,
     EventDecoder,
+    MessageDecoder,
     PlainProtobufSerializer,
     ProtobufFramer,
     RequestDecoder,
     UndecodableMessage,
     avro_record_to_event,
     avro_schema_text,
+    encode_message,
     encode_request,
     event_serializer,
     event_to_avro_record,
@@ -312,3 +316,29 @@ def test_an_unreachable_registry_is_unavailable_not_undecodable() -> None:
         RequestDecoder(registry).decode(framed)
     with pytest.raises(Unavailable):
         EventDecoder(registry).decode(framed)
+
+
+def test_a_value_framed_with_another_messages_schema_is_undecodable() -> None:
+    # Field numbers and types line up, so the bytes would parse: a completion
+    # on the request topic would submit its step name as a workflow.
+    registry = open_registry(f"mock://{uuid.uuid4().hex}")
+    completion = StepCompletion(job_id=str(uuid.uuid4()), step_name="review", request_id="r")
+    completion.response.update({"approved": True})
+    framed_completion = encode_message(
+        completion, registry=registry, topic=defaults.COMPLETIONS_TOPIC
+    )
+    with pytest.raises(UndecodableMessage) as refused:
+        RequestDecoder(registry).decode(framed_completion)
+    assert refused.value.message == (
+        "cannot decode WorkflowRunRequest: the value was written with the schema of"
+        " workflowjobs.v1.StepCompletion"
+    )
+
+    request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="sample")
+    framed_request = encode_request(request, registry=registry)
+    completions = MessageDecoder(StepCompletion, registry, topic=defaults.COMPLETIONS_TOPIC)
+    with pytest.raises(UndecodableMessage, match=r"workflowjobs\.v1\.WorkflowRunRequest$"):
+        completions.decode(framed_request)
+    # Their own framing still decodes, through the same client.
+    assert RequestDecoder(registry).decode(framed_request) == request
+    assert completions.decode(framed_completion) == completion

@@ -42,9 +42,13 @@ def json_object(raw: str, what: str) -> dict[str, Any]:
         text = sys.stdin.read()
     elif raw.startswith("@"):
         try:
-            text = Path(raw[1:]).read_text()
+            text = Path(raw[1:]).read_text(encoding="utf-8")
         except OSError as exc:
             raise CliError("INVALID_ARGUMENT", f"{what}: cannot read {raw[1:]}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                "INVALID_ARGUMENT", f"{what}: {raw[1:]} is not UTF-8 text: {exc.reason}"
+            ) from None
     else:
         text = raw
     try:
@@ -53,6 +57,9 @@ def json_object(raw: str, what: str) -> dict[str, Any]:
         value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:
         raise CliError("INVALID_ARGUMENT", f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        # The service takes far less nesting than the parser does.
+        raise CliError("INVALID_ARGUMENT", f"{what} is nested too deeply to parse") from None
     if not isinstance(value, dict):
         raise CliError("INVALID_ARGUMENT", f"{what} must be a JSON object")
     return value

@@ -428,3 +428,23 @@ def test_a_database_url_that_does_not_parse_is_named_in_one_line(
     assert (code, out) == (1, "")
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("INVALID_ARGUMENT: ") and "nonsense://" in err
+
+
+def test_a_json_file_that_is_not_text_or_too_deep_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Refused before any call: the URL is never reached.
+    url = f"http://127.0.0.1:{free_port()}"
+    binary = tmp_path / "input.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for path, why in ((binary, "is not UTF-8 text"), (deep, "is nested too deeply")):
+        code, out, err = run(
+            capsys, "--url", url, "submit", "--workflow-name", "w", "--input", f"@{path}"
+        )
+        assert (code, out) == (1, "")
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("INVALID_ARGUMENT: --input") and why in err, err
+    code, _, err = run(capsys, "--url", url, "workflows", "put", str(binary))
+    assert code == 1 and err.startswith("INVALID_ARGUMENT: workflow file"), err

@@ -41,3 +41,37 @@ def test_every_setting_is_documented_with_its_default() -> None:
 def test_the_readme_documents_no_setting_that_does_not_exist() -> None:
     known = {f.metadata["env"] for f in fields(Settings)}
     assert set(_documented()) <= known
+
+
+def _command_table() -> str:
+    text = README.read_text()
+    start = text.index("## The command line")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_every_command_and_verb_is_in_the_command_table() -> None:
+    import argparse
+
+    from cli.main import build_parser
+
+    def commands(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
+        found: list[str] = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    nested = commands(sub, f"{prefix} {name}")
+                    found += nested or [f"{prefix} {name}"]
+        return found
+
+    table = _command_table()
+    rows = [line for line in table.splitlines() if line.startswith("| `wfjobs ")]
+    missing = []
+    for command in commands(build_parser(), "wfjobs"):
+        # A row names a command's verbs after the first as "`get NAME`", "`revoke ID`".
+        *group, verb = command.split()
+        if not any(
+            f"`{command}" in row or (f"`{' '.join(group)}" in row and f"`{verb}" in row)
+            for row in rows
+        ):
+            missing.append(command)
+    assert missing == []

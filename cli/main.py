@@ -381,13 +381,13 @@ def _database_url(args: argparse.Namespace) -> str:
 
 def _on_database(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work``, which opens its own connection: a database that cannot be
-    reached is a one-line UNAVAILABLE, not the driver's traceback."""
-    from store.errors import unreachable
+    reached, or is not migrated, is a one-line error, not the driver's traceback."""
+    from store.errors import database_failure
 
     try:
         return asyncio.run(work)
     except Exception as exc:
-        error = unreachable(exc)
+        error = database_failure(exc)
         if error is None:
             raise
         raise error from None

@@ -18,7 +18,7 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 
-from schemas.errors import Unavailable, UnstorableValue
+from schemas.errors import FailedPrecondition, Unavailable, UnstorableValue, WorkflowJobsError
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,19 @@ def outages_as_unavailable() -> Iterator[None]:
         raise Unavailable(f"the store is unreachable: {exc}") from exc
 
 
-def unreachable(exc: BaseException) -> Unavailable | None:
+def database_failure(exc: BaseException) -> WorkflowJobsError | None:
     """The one-line error a command with a connection of its own reports instead
-    of ``exc`` when the database cannot be reached (libpq adds hint lines)."""
-    if not is_outage(exc):
-        return None
+    of ``exc`` (libpq adds hint lines): a database it cannot reach, or one the
+    migrations have not made yet. None for anything else."""
     lines = str(exc).strip().splitlines()
     detail = lines[0] if lines else type(exc).__name__
-    return Unavailable(f"cannot reach the database: {detail}")
+    if is_outage(exc):
+        return Unavailable(f"cannot reach the database: {detail}")
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return FailedPrecondition(
+            f"the database is not migrated ({detail}): run `wfjobs migrate` first"
+        )
+    return None
 
 
 def refused_value(exc: BaseException, what: str) -> UnstorableValue | None:

@@ -254,3 +254,18 @@ def test_events_without_from_beginning_prints_only_new_events(
     assert code == 0, err
     printed = [json.loads(line) for line in out.splitlines()]
     assert len(printed) == 1 and int(printed[0]["event_id"]) >= 100, printed
+
+
+def test_tokens_on_a_database_not_yet_migrated_say_to_migrate(
+    make_database: Callable[[], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = make_database()
+    for argv in (
+        ["tokens", "create", "--principal", "ci", "--scope", "read"],
+        ["tokens", "list"],
+        ["tokens", "revoke", "0123456789ab"],
+    ):
+        code, out, err = run(capsys, *argv, "--dsn", dsn)
+        assert (code, out) == (1, ""), argv
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("FAILED_PRECONDITION: ") and "wfjobs migrate" in err, err

@@ -4,7 +4,8 @@ One message, one outcome, decided in ``RequestHandler.handle``:
 
 * the value cannot be decoded as a ``WorkflowRunRequest`` (framed through the
   registry or plain Protobuf), it breaks the message's rules (a job id that
-  is not a UUID, an empty workflow name), or its input holds what no JSON
+  is not a UUID, an empty workflow name), its workflow name or trusted
+  principal holds U+0000, or its input holds what no JSON
   column can store (a number that is NaN or infinite, text with U+0000) or
   the database refuses it: the same key and value go to the dead-letter topic
   with the reason in the ``x-wfjobs-dlq-reason`` header (a value too large to
@@ -55,7 +56,7 @@ from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, Unst
 from schemas.serde import RequestDecoder, UndecodableMessage, is_framed
 from store.errors import is_outage
 from streams.backoff import Backoff
-from streams.convert import storable_json
+from streams.convert import nul_refusal, storable_json
 from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
@@ -80,6 +81,8 @@ OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 
 # Sends one dead letter and returns once the broker acknowledged it.
 DeadLetter = Callable[[bytes | None, bytes | None, str], Awaitable[None]]
+
+_NUL = "\x00"
 
 # A key longer than this is left off a dead letter that lost its value too.
 _KEY_KEPT_MAX = 1024
@@ -209,6 +212,12 @@ class RequestHandler:
         problems = violations(request)
         if problems:
             return "; ".join(problems)
+        # Text no column can store, named here: the database would only say
+        # that some text field of the batch held it.
+        if _NUL in request.workflow_name:
+            return nul_refusal("workflow_name").message
+        if _NUL in self.owner_of(request):
+            return nul_refusal("principal").message
         try:
             return Decoded(request, storable_json(request.input, "input"))
         except InvalidArgument as exc:

@@ -286,3 +286,16 @@ async def test_a_request_too_large_to_dead_letter_leaves_a_dead_letter_without_i
         "; the request (999991 bytes) is too large for the dead-letter topic, so its value was"
         " left out: it stays on t at 3:41"
     ), reason
+
+
+async def test_a_workflow_name_holding_nul_is_dead_lettered_naming_the_field(
+    handler: RequestHandler, runtime: Runtime, letters: Letters
+) -> None:
+    job_id = str(uuid.uuid4())
+    outcome = await handler.handle(b"k", request(job_id, name="sto\x00red"))
+    assert outcome.kind == "dead_lettered"
+    assert [reason for _, _, reason in letters.sent] == [
+        "workflow_name contains U+0000 (NUL), which is not accepted"
+    ]
+    with pytest.raises(NotFound):
+        await runtime.require_runs().get(job_id)

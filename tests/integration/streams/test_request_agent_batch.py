@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from typing import Any
 
@@ -196,3 +197,33 @@ async def test_a_request_the_store_refuses_is_dead_lettered_alone(
     assert letters.sent == [
         (b"bad", messages[1].value, "the database refused to store a batch of 1 jobs")
     ]
+
+
+async def test_decoding_a_batch_of_large_requests_does_not_hold_the_event_loop(
+    handler: RequestHandler, runtime: Runtime
+) -> None:
+    # Turning a Struct of many values into JSON is pure Python, a good part of
+    # a second for a request near the broker's limit; the claim loops,
+    # heartbeats and the HTTP verbs share this loop meanwhile.
+    ids = [uuid.uuid4() for _ in range(6)]
+    messages = [Message(b"k", request(job_id, text="x", xs=list(range(90_000)))) for job_id in ids]
+    assert all(len(message.value or b"") > 900_000 for message in messages)
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)  # ticking before the batch starts
+    try:
+        outcomes = await handle_batch_until_done(handler, messages)
+    finally:
+        ticker.cancel()
+    assert [outcome.kind for outcome in outcomes] == ["failed"] * 6  # xs is no input field
+    # Held for seconds when the batch was decoded in place; a margin for a busy machine.
+    assert max(gaps) < 1.0, f"the loop was held for {max(gaps):.2f}s"

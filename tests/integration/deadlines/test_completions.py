@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from typing import Any
 
@@ -170,3 +171,31 @@ async def test_a_completion_too_large_to_echo_is_answered_within_the_producers_l
     assert answer.outcome == Outcome.INVALID and key == answer.job_id.encode()
     assert 0 < len(answer.job_id) <= 200 and answer.job_id == "j" * len(answer.job_id)
     assert 0 < len(answer.step_name) <= 200 and 0 < len(answer.request_id) <= 200
+
+
+async def test_a_large_completion_is_decided_off_the_event_loop(
+    app: App, handler: CompletionHandler
+) -> None:
+    # Converting a response of many values to JSON is pure Python, about a third
+    # of a second near the broker's limit; the rest of the worker shares the loop.
+    job_id = await _parked(app)
+    value = completion(job_id, approved=True, reviewer="ann", xs=list(range(90_000)))
+    assert len(value) > 900_000
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)  # ticking before the completion is handled
+    try:
+        answer = await handler.handle(value)
+    finally:
+        ticker.cancel()
+    assert answer.outcome == Outcome.INVALID and "xs" in answer.message  # no such field
+    assert max(gaps) < 0.2, f"the loop was held for {max(gaps):.2f}s"

@@ -8,6 +8,7 @@ wrote under ``.wfjobs-dev`` in the current directory.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import urllib.error
@@ -74,6 +75,8 @@ class ApiClient:
                 self.headers = dict(response.headers.items())
         except OSError as exc:
             raise self._unreachable(exc) from None
+        except http.client.HTTPException as exc:
+            raise self._not_http(exc) from None
         if not payload:
             return {}
         try:
@@ -144,6 +147,17 @@ class ApiClient:
             raise error from None
         except OSError as exc:
             raise self._unreachable(exc) from None
+        except http.client.HTTPException as exc:
+            raise self._not_http(exc) from None
+
+    def _not_http(self, exc: http.client.HTTPException) -> CliError:
+        # Something listens there but does not answer HTTP (a Kafka or Postgres
+        # port, say), or the answer was cut short.
+        # repr: whatever it sent is escaped, not written to the terminal as it is.
+        return CliError(
+            "UNAVAILABLE",
+            f"{self.base_url} gave no HTTP answer ({repr(exc)[:_MAX_DETAIL]}); is it a worker?",
+        )
 
     def _unreachable(self, exc: OSError) -> CliError:
         reason = getattr(exc, "reason", exc)

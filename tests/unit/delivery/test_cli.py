@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -448,3 +449,39 @@ def test_a_json_file_that_is_not_text_or_too_deep_is_one_line(
         assert err.startswith("INVALID_ARGUMENT: --input") and why in err, err
     code, _, err = run(capsys, "--url", url, "workflows", "put", str(binary))
     assert code == 1 and err.startswith("INVALID_ARGUMENT: workflow file"), err
+
+
+@pytest.fixture
+def not_http() -> Iterator[str]:
+    """A TCP server that answers every connection with bytes that are not HTTP."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"\x00\x01 not HTTP at all\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_server_that_does_not_speak_http_is_one_line(
+    not_http: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--url", not_http, "get", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("UNAVAILABLE: ") and not_http in err and "HTTP" in err, err

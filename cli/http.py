@@ -107,6 +107,15 @@ class ApiClient:
         """
         request = self._request("GET", path, query, headers, None, accept="text/event-stream")
         with self._open(request, idle_timeout_s) as response:
+            kind = response.headers.get_content_type()
+            if kind != "text/event-stream":
+                # Another server's page: it would end without an event, and the
+                # caller would reconnect to it forever.
+                raise CliError(
+                    "INTERNAL",
+                    f"GET {self.base_url}{path} answered {kind}, not an event stream "
+                    "(is --url a workflow-jobs worker?)",
+                )
             yield iter(response.readline, b"")
 
     def _request(

@@ -324,10 +324,11 @@ def test_a_url_that_is_not_http_is_named_in_one_line(
 
 
 class _NotAWorker(http.server.BaseHTTPRequestHandler):
-    """A web server that is not a worker: HTML pages, 200 for the list, 502 otherwise."""
+    """A web server that is not a worker: HTML pages, 200 for the list of workflows
+    and a job's event stream, 502 otherwise."""
 
     def do_GET(self) -> None:
-        status = 200 if self.path == "/v1/workflows" else 502
+        status = 200 if self.path == "/v1/workflows" or self.path.endswith("/events") else 502
         page = b"<!DOCTYPE html>\n<html>\n<body>\n<h1>Bad Gateway</h1>\n</body>\n</html>\n"
         self.send_response(status)
         self.send_header("Content-Type", "text/html")
@@ -485,3 +486,20 @@ def test_a_server_that_does_not_speak_http_is_one_line(
     assert (code, out) == (1, "")
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("UNAVAILABLE: ") and not_http in err and "HTTP" in err, err
+
+
+def test_watch_on_an_answer_that_is_no_event_stream_ends_in_one_line(
+    not_a_worker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An HTML page ends without any event: without a check, watch reconnected forever.
+    result: list[int] = []
+    thread = threading.Thread(
+        target=lambda: result.append(cli_main(["--url", not_a_worker, "watch", str(uuid.uuid4())])),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout=10)
+    assert result == [1], "watch is still reconnecting"
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not_a_worker in err and "text/html" in err and "event stream" in err, err

@@ -74,7 +74,9 @@ def required(value: str, argument: str) -> str:
 
 
 def job_id_argument(value: str | None) -> str:
-    if not value:
+    """``--job-id``, or a new id when the option is left out. An empty one is
+    refused: a script's unset variable would otherwise make a new job per retry."""
+    if value is None:
         return str(uuid.uuid4())
     return uuid_argument(value, "job id")
 

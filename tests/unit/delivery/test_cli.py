@@ -503,3 +503,17 @@ def test_watch_on_an_answer_that_is_no_event_stream_ends_in_one_line(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert not_a_worker in err and "text/html" in err and "event stream" in err, err
+
+
+@pytest.mark.parametrize("command", ["submit", "produce"])
+def test_an_empty_job_id_is_refused_not_replaced_by_a_new_one(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--job-id "$ID"` with ID unset must not submit a fresh job on every retry.
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
+    url = ["--url", f"http://127.0.0.1:{free_port()}"] if command == "submit" else []
+    argv = [*url, command, "--workflow-name", "w", "--input", "{}", "--job-id", ""]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert err.startswith("INVALID_ARGUMENT: ") and "job id must be a UUID, got ''" in err, err

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -132,11 +133,20 @@ def check_json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
             depth -= 1
 
 
+def _json_int(text: str) -> int | float:
+    # Every number a body carries lands in a Struct, a double: an integer past a
+    # double's range becomes infinity here, which the Struct's reader refuses
+    # naming where it is, as it does 1e400. float() reads any length of digits;
+    # int() refuses past 4300 of them, and only a finite one reaches it.
+    number = float(text)
+    return int(text) if math.isfinite(number) else number
+
+
 def load_json(body: bytes, what: str) -> Any:
     """A request body as JSON: depth checked before parsing, U+0000 refused after."""
     check_json_depth(body)
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_int=_json_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidArgument(f"the body of {what} is not valid JSON: {exc}") from None
     where = nul_field(value)

@@ -205,7 +205,8 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
 async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_nothing(
     dsn: str,
 ) -> None:
-    """Python's parser takes NaN, Infinity and 1e400 (as infinity); none is JSON a job can keep."""
+    """Python's parser takes NaN, Infinity and 1e400 (as infinity), and integers of any
+    length; none past a double's range is JSON a job can keep."""
     json_body = {"Content-Type": "application/json"}
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
         await put_workflow(client)
@@ -216,6 +217,9 @@ async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_noth
             ('{"workflow_name": "web-review", "input": {"text": NaN}}', "input.text"),
             (scores.replace("X", "-Infinity"), "input.meta.scores[1]"),
             (scores.replace("X", "1e400"), "input.meta.scores[1]"),
+            (scores.replace("X", "1" + "0" * 400), "input.meta.scores[1]"),
+            # Past 4300 digits Python's int() refuses the literal itself.
+            (scores.replace("X", "-" + "9" * 5000), "input.meta.scores[1]"),
         ):
             message = await _error(
                 await client.post("/v1/workflow-runs", data=body, headers=json_body),

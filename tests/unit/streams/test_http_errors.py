@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -26,3 +27,12 @@ def test_nul_is_found_at_any_depth_and_named_by_its_path() -> None:
     assert nul_field(["ok", "fine"]) is None
     with pytest.raises(InvalidArgument, match=r"^response\.note contains U\+0000"):
         load_json(b'{"response": {"note": "a\\u0000b"}}', "complete-step")
+
+
+def test_an_integer_past_a_doubles_range_is_read_as_infinity_and_one_within_exactly() -> None:
+    # Every number lands in a Struct, a double: infinity is refused there, naming
+    # where, as 1e400 is. Below that range an integer keeps every digit.
+    assert load_json(b'{"a": [' + b"1" + b"0" * 400 + b"]}", "submit") == {"a": [math.inf]}
+    assert load_json(b"-" + b"9" * 5000, "submit") == -math.inf
+    assert load_json(b"[9007199254740993, -12]", "submit") == [2**53 + 1, -12]
+    assert load_json(b"1" + b"0" * 308, "submit") == 10**308

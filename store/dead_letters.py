@@ -107,7 +107,8 @@ def parse_page_token(token: str) -> int:
     """A page token of the FAILED listing is the last row id of the previous page."""
     if not token:
         return 0
-    if not token.isdigit():
+    # str.isdigit also takes digits int() cannot read, such as superscripts.
+    if not (token.isascii() and token.isdigit()):
         raise InvalidArgument(
             f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
         )

@@ -190,7 +190,8 @@ def write_conditions(if_match: str | None, if_none_match: str | None) -> tuple[i
         return None, False
     raw = if_match.strip()
     unquoted = raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
-    if not unquoted.isdigit() or int(unquoted) < 1:
+    # str.isdigit also takes digits int() cannot read, such as superscripts.
+    if not (unquoted.isascii() and unquoted.isdigit()) or int(unquoted) < 1:
         raise InvalidArgument(
             f'If-Match must be a stored version\'s ETag, like "3", got {if_match!r}'
         )
@@ -241,7 +242,7 @@ def _int_parameter(query: Mapping[str, str], name: str, default: int) -> int:
 def _event_id(raw: str, what: str) -> int:
     """An outbox event id a watch resumes after: a non-negative integer."""
     text = raw.strip()
-    if not text.isdigit() or len(text) > 19:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         raise InvalidArgument(f"{what} must be an event id (a non-negative integer), got {raw!r}")
     return int(text)
 

@@ -222,8 +222,10 @@ async def test_stored_definitions_are_written_with_if_match(dsn: str) -> None:
         # No condition: the last writer wins, and the version still moves.
         plain = await client.put(path, json=workflow)
         assert plain.headers["ETag"] == '"3"'
-        bad = await client.put(path, json=workflow, headers={"If-Match": "yesterday"})
-        assert "If-Match" in await _error(bad, 400, "INVALID_ARGUMENT")
+        # "\u00b2" (superscript two) is a digit to str.isdigit, but no number to int().
+        for etag in ("yesterday", '"\u00b2"'):
+            bad = await client.put(path, json=workflow, headers={"If-Match": etag})
+            assert "If-Match" in await _error(bad, 400, "INVALID_ARGUMENT")
 
 
 async def test_auth_off_lets_everyone_do_everything_and_says_so(

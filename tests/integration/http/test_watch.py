@@ -157,6 +157,9 @@ async def test_a_bad_watch_request_is_refused_before_any_stream_starts(
     refusals = [
         (url, {"Last-Event-ID": "-1"}, 400, "Last-Event-ID"),
         (url + "?after=x", {}, 400, "after"),
+        # Superscript two: a digit to str.isdigit, but no number to int().
+        (url + "?after=%C2%B2", {}, 400, "after"),
+        (url, {"Last-Event-ID": "\u00b2"}, 400, "Last-Event-ID"),
         (url + "?since=1", {}, 400, "since"),
         (live_api.url + events_path(str(uuid.uuid4())), {}, 404, ""),
         (live_api.url + events_path("not-a-uuid"), {}, 400, "job_id"),

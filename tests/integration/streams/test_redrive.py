@@ -163,6 +163,7 @@ async def test_redrive_by_job_and_all_through_http_and_bad_input(
             ({"limit": "many"}, "limit must be an integer"),
             ({"job_id": "x"}, "job_id must be a UUID"),
             ({"page_token": "abc"}, "page_token 'abc' is malformed"),
+            ({"page_token": "\u00b2"}, "page_token '\u00b2' is malformed"),
             ({"colour": "red"}, "unknown query parameter(s) colour"),
         ):
             response = await client.get("/v1/outbox", params=query)

@@ -30,6 +30,7 @@ from store.pool import Pool
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
+MAX_ROW_ID = 2**63 - 1
 
 _FAILED_COLUMNS = "id, job_id, event_type, attempts, last_error, created_at"
 
@@ -151,8 +152,9 @@ class OutboxDeadLetters:
         wanted = sorted(set(ids))
         if not wanted:
             raise InvalidArgument("ids must name at least one outbox row")
-        if any(event_id < 1 for event_id in wanted):
-            raise InvalidArgument(f"ids must be positive outbox row ids, got {wanted}")
+        # Row ids are bigint: Postgres refuses to compare one past its range.
+        if wanted[0] < 1 or wanted[-1] > MAX_ROW_ID:
+            raise InvalidArgument(f"ids must be outbox row ids, 1 to {MAX_ROW_ID}, got {wanted}")
         done = await self._redrive(REDRIVE_IDS_SQL, {"ids": wanted, "owner": owner})
         moved = {event_id for event_id, _ in done}
         return Redriven(done, tuple(event_id for event_id in wanted if event_id not in moved))

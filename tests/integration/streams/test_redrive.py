@@ -151,6 +151,7 @@ async def test_redrive_by_job_and_all_through_http_and_bad_input(
             ({"ids": [1], "all": True}, "takes exactly one of ids, job_id, all"),
             ({"ids": []}, "ids must be a non-empty list"),
             ({"ids": ["1"]}, "ids must be a non-empty list"),
+            ({"ids": [2**63]}, "ids must be outbox row ids, 1 to 9223372036854775807"),
             ({"job_id": "nope"}, "job_id must be a UUID"),
             ({"all": "yes"}, "all must be true"),
             ({"everything": True}, "unknown field(s) everything"),

@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
 
 from aiohttp import web as aiohttp_web
 from faust.web import Request, Response, View
@@ -273,9 +274,48 @@ async def _parse(body: bytes, message: Message, what: str) -> Message:
 
     Scanning, decoding and validating a definition costs a millisecond or more
     a request; a burst of them handled in one turn of the loop would hold up
-    heartbeats and leases for their sum.
+    heartbeats and leases for their sum. A body of a megabyte holding many
+    small values costs a second or more from bytes to the Struct's plain JSON,
+    so the verbs that take a Struct convert it in the same thread.
     """
     return await asyncio.to_thread(_parse_now, body, message, what)
+
+
+def _submit_now(
+    body: bytes,
+) -> tuple[api_pb2.SubmitWorkflowRequest, dict[str, Any], dict[str, Any] | None]:
+    """The submit request, its input and its inline definition (None: a stored one)."""
+    request = cast(
+        api_pb2.SubmitWorkflowRequest,
+        _parse_now(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
+    )
+    workflow = (
+        struct_to_dict(request.workflow, "workflow") if request.HasField("workflow") else None
+    )
+    return request, struct_to_dict(request.input, "input"), workflow
+
+
+def _complete_step_now(body: bytes, job_id: str, step_name: str) -> tuple[UUID, dict[str, Any]]:
+    """The job id and the response of a complete-step body, checked against its path."""
+    data = _json_object(body, "complete-step")
+    for key, value in (("job_id", job_id), ("step_name", step_name)):
+        given = data.setdefault(key, value)
+        if given != value:
+            raise InvalidArgument(
+                f"{key} in the body ({given!r}) differs from the one in the path ({value!r})"
+            )
+    parsed = parse_job_id(job_id)
+    request = cast(api_pb2.CompleteStepRequest, from_json(data, api_pb2.CompleteStepRequest()))
+    check_incoming(request)
+    return parsed, struct_to_dict(request.response, "response")
+
+
+def _put_workflow_now(body: bytes) -> dict[str, Any]:
+    request = cast(
+        api_pb2.PutWorkflowRequest,
+        _parse_now(body, api_pb2.PutWorkflowRequest(), "put-workflow"),
+    )
+    return struct_to_dict(request.workflow, "workflow")
 
 
 class HttpVerbs:
@@ -309,20 +349,15 @@ class HttpVerbs:
         self, caller: Caller, body: bytes, *, trace: TraceContext | None = None
     ) -> Reply:
         """``trace``: the W3C context of the request's headers (malformed: None)."""
-        request = cast(
-            api_pb2.SubmitWorkflowRequest,
-            await _parse(body, api_pb2.SubmitWorkflowRequest(), "submit-workflow"),
-        )
-        if request.HasField("workflow"):
+        request, input, workflow = await asyncio.to_thread(_submit_now, body)
+        if workflow is not None:
             # A definition sent with the job names its own step targets and
             # rules: a scope of its own, beyond submitting stored workflows.
             auth.require_inline_definitions(caller)
         submitted = await self.jobs.submit(
             job_id=parse_job_id(request.job_id) if request.job_id else None,
-            input=struct_to_dict(request.input, "input"),
-            workflow=struct_to_dict(request.workflow, "workflow")
-            if request.HasField("workflow")
-            else None,
+            input=input,
+            workflow=workflow,
             workflow_name=request.workflow_name,
             max_attempts=request.max_attempts or None,
             owner=caller.principal,
@@ -406,20 +441,11 @@ class HttpVerbs:
         self, caller: Caller, job_id: str, step_name: str, body: bytes
     ) -> Reply:
         http_errors.refuse_nul("path parameter step_name", step_name)
-        data = await asyncio.to_thread(_json_object, body, "complete-step")
-        for key, value in (("job_id", job_id), ("step_name", step_name)):
-            given = data.setdefault(key, value)
-            if given != value:
-                raise InvalidArgument(
-                    f"{key} in the body ({given!r}) differs from the one in the path ({value!r})"
-                )
-        parsed = parse_job_id(job_id)
-        request = cast(api_pb2.CompleteStepRequest, from_json(data, api_pb2.CompleteStepRequest()))
-        check_incoming(request)
+        parsed, response_json = await asyncio.to_thread(_complete_step_now, body, job_id, step_name)
         result = await self.jobs.complete_step(
             job_id=parsed,
             step_name=step_name,
-            response=struct_to_dict(request.response, "response"),
+            response=response_json,
             owner=caller.visible_owner,
         )
         response = api_pb2.CompleteStepResponse(
@@ -548,13 +574,9 @@ class HttpVerbs:
         if_none_match: str | None = None,
     ) -> Reply:
         if_version, create_only = write_conditions(if_match, if_none_match)
-        request = cast(
-            api_pb2.PutWorkflowRequest,
-            await _parse(body, api_pb2.PutWorkflowRequest(), "put-workflow"),
-        )
         stored = await self.jobs.put_workflow(
             name,
-            struct_to_dict(request.workflow, "workflow"),
+            await asyncio.to_thread(_put_workflow_now, body),
             if_version=if_version,
             create_only=create_only,
         )

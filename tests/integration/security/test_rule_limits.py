@@ -1,4 +1,5 @@
-"""Expensive rules are refused at compile, and refusing them never stalls the worker.
+"""Expensive rules are refused at compile, and refusing them never stalls the worker;
+nor does reading a large body.
 
 The real web app serves in-process with real claim loops and a real sweeper
 against a real Postgres, with short leases. While slow jobs run (each past
@@ -6,7 +7,8 @@ several lease renewals), fifty inline definitions with a rule nested five
 comprehensions deep are submitted at once, together with rules that fit the
 caps but take too long to check. A task on the same event loop sleeps 10 ms at
 a time and records the longest the loop ran anything else in between; the jobs
-must keep their leases.
+must keep their leases. The same watch is kept while bodies of nearly a megabyte
+of small values are submitted and sent to complete a step.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.streams.conftest import serve
+from tests.integration.streams.conftest import parked_job, put_workflow, serve
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.asyncio
@@ -238,3 +241,56 @@ async def test_expensive_rules_are_refused_without_stalling_the_worker(
         f"the event loop ran {lag_while_refusing * 1000:.0f} ms without yielding "
         f"(a 10 ms sleep woke up to {late_while_refusing * 1000:.0f} ms late)"
     )
+
+
+async def test_large_bodies_are_read_without_stalling_the_worker(
+    dsn: str, monitor: LagMonitor
+) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "look")
+        # Just under the 1 MiB body limit: parsing it into a Struct and back to
+        # plain JSON takes the better part of a second, all of it CPU.
+        many = list(range(130_000))
+        headers = {**JSON_BODY, **dict(client.session.headers)}
+        calls: list[tuple[str, dict[str, Any], int]] = [
+            (
+                f"/v1/workflow-runs/{uuid.uuid4()}/steps/review:complete",
+                {"response": {"x": many}},
+                404,
+            ),
+            (
+                f"/v1/workflow-runs/{job_id}/steps/review:complete",
+                {"response": {"approved": True, "x": many}},
+                400,
+            ),
+            (
+                "/v1/workflow-runs",
+                {"workflow_name": "web-review", "input": {"text": "a", "x": many}},
+                400,
+            ),
+        ]
+        for path, body, expected in calls:
+            order = json.dumps(
+                {
+                    "url": str(client.make_url(path)),
+                    "headers": headers,
+                    "bodies": [json.dumps(body)],
+                }
+            )
+            monitor.reset()
+            sender = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                SENDER,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            output, _ = await sender.communicate(order.encode())
+            assert sender.returncode == 0, output
+            [[status, answer]] = json.loads(output)
+            assert status == expected, answer
+            assert monitor.worst < 0.1, (
+                f"{path}: the event loop ran {monitor.worst * 1000:.0f} ms without yielding "
+                f"(a 10 ms sleep woke up to {monitor.worst_wall * 1000:.0f} ms late)"
+            )

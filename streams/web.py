@@ -318,6 +318,15 @@ def _put_workflow_now(body: bytes) -> dict[str, Any]:
     return struct_to_dict(request.workflow, "workflow")
 
 
+async def _job_answer(build: Callable[[], Message]) -> dict[str, Any]:
+    """The JSON of the answer ``build`` makes, one carrying a whole job: off the event loop.
+
+    A job's input and checkpoints may hold a megabyte of small values; making
+    them a message and the message JSON takes about half a second a megabyte.
+    """
+    return await asyncio.to_thread(lambda: message_json(build()))
+
+
 class HttpVerbs:
     """The verbs over HTTP: bodies and queries in, replies out; ``Jobs`` does the work."""
 
@@ -365,17 +374,22 @@ class HttpVerbs:
             deadline_ms=request.deadline_ms or None,
             trace=trace,
         )
-        response = api_pb2.SubmitWorkflowResponse(
-            job=job_message(submitted.job), created=submitted.created
+        reply_body = await _job_answer(
+            lambda: api_pb2.SubmitWorkflowResponse(
+                job=job_message(submitted.job), created=submitted.created
+            )
         )
-        return Reply(201 if submitted.created else 200, message_json(response))
+        return Reply(201 if submitted.created else 200, reply_body)
 
     async def get_job(self, caller: Caller, job_id: str) -> Reply:
         request = api_pb2.GetJobRequest(job_id=job_id)
         parsed = parse_job_id(job_id)
         check_incoming(request)
         job, history = await self.jobs.get_job_with_history(parsed, owner=caller.visible_owner)
-        return Reply(200, message_json(api_pb2.GetJobResponse(job=job_message(job, history))))
+        reply_body = await _job_answer(
+            lambda: api_pb2.GetJobResponse(job=job_message(job, history))
+        )
+        return Reply(200, reply_body)
 
     async def watch_job(
         self,
@@ -448,12 +462,12 @@ class HttpVerbs:
             response=response_json,
             owner=caller.visible_owner,
         )
-        response = api_pb2.CompleteStepResponse(
-            outcome=result.outcome,
-            job=job_message(result.job),
-            message=result.message,
+        reply_body = await _job_answer(
+            lambda: api_pb2.CompleteStepResponse(
+                outcome=result.outcome, job=job_message(result.job), message=result.message
+            )
         )
-        return Reply(200, message_json(response))
+        return Reply(200, reply_body)
 
     # ------------------------------------------------------------------ cancel
 
@@ -471,10 +485,12 @@ class HttpVerbs:
         result = await self.jobs.cancel(
             job_id=parsed, reason=request.reason, owner=caller.visible_owner
         )
-        response = api_pb2.CancelJobResponse(
-            outcome=result.outcome, job=job_message(result.job), message=result.message
+        reply_body = await _job_answer(
+            lambda: api_pb2.CancelJobResponse(
+                outcome=result.outcome, job=job_message(result.job), message=result.message
+            )
         )
-        return Reply(200, message_json(response))
+        return Reply(200, reply_body)
 
     async def cancel_many(self, caller: Caller, body: bytes) -> Reply:
         """Cancel every live job a filter picks (within the caller's reach)."""
@@ -522,8 +538,10 @@ class HttpVerbs:
             request_key=request.request_key,
             max_attempts=request.max_attempts or None,
         )
-        response = api_pb2.ResumeJobResponse(job=job_message(resumed.job), created=resumed.created)
-        return Reply(201 if resumed.created else 200, message_json(response))
+        reply_body = await _job_answer(
+            lambda: api_pb2.ResumeJobResponse(job=job_message(resumed.job), created=resumed.created)
+        )
+        return Reply(201 if resumed.created else 200, reply_body)
 
     async def resume_many(self, caller: Caller, body: bytes) -> Reply:
         """Every ended job a filter picks that no run resumes yet, each as a new run."""

@@ -4,7 +4,8 @@ What a caller on the network can send that no verb should ever see (the views
 of ``streams.web`` run these checks once the caller's token is verified, so a
 stranger learns nothing about what it sent):
 
-* a body that is not ``application/json`` (UTF-8): 415 ``UNSUPPORTED_MEDIA_TYPE``.
+* a body that is not ``application/json`` (UTF-8), or that is compressed: 415
+  ``UNSUPPORTED_MEDIA_TYPE``.
   A web page may POST ``text/plain`` to any address without a CORS preflight;
   refusing every other type means such a request never reaches a verb;
 * U+0000 in a path parameter, a query parameter or any string (or key) of a
@@ -62,10 +63,15 @@ MAX_JSON_DEPTH = 32
 MAX_URL_BYTES = 4096
 MAX_HEADER_BYTES = 8190
 MAX_HEADERS = 100
-HANDLER_ARGS: Mapping[str, int] = {
+HANDLER_ARGS: Mapping[str, int | bool] = {
     "max_line_size": MAX_URL_BYTES,
     "max_field_size": MAX_HEADER_BYTES,
     "max_headers": MAX_HEADERS,
+    # aiohttp would inflate a gzip or deflate body as it arrives, on the event
+    # loop and past the body limit (which counts what is read, not what was
+    # sent), and answer a coding it cannot read with a 500 or plain text.
+    # Bodies are refused unless sent as they are (``require_json``).
+    "auto_decompress": False,
 }
 
 # Codes only the HTTP layer answers with (``streams.web.HTTP_STATUS`` maps them).
@@ -229,15 +235,21 @@ def check_query(query: Mapping[str, str]) -> None:
 
 
 def require_json(request: web.Request) -> None:
-    """Refuse a body that is not declared ``application/json`` (UTF-8) with 415."""
+    """Refuse a body that is not declared ``application/json`` (UTF-8), or is
+    compressed, with 415."""
     charset = (request.charset or "utf-8").lower()
-    if request.content_type == JSON_MEDIA_TYPE and charset in ("utf-8", "utf8"):
-        return
-    given = request.headers.get("Content-Type", "").strip()
-    raise UnsupportedMediaType(
-        f"{request.method} bodies must be {JSON_MEDIA_TYPE} (UTF-8); "
-        f"got {_shown(given) if given else 'no Content-Type'}"
-    )
+    if request.content_type != JSON_MEDIA_TYPE or charset not in ("utf-8", "utf8"):
+        given = request.headers.get("Content-Type", "").strip()
+        raise UnsupportedMediaType(
+            f"{request.method} bodies must be {JSON_MEDIA_TYPE} (UTF-8); "
+            f"got {_shown(given) if given else 'no Content-Type'}"
+        )
+    coding = request.headers.get("Content-Encoding", "").strip()
+    if coding and coding.lower() != "identity":
+        raise UnsupportedMediaType(
+            f"{request.method} bodies must be sent uncompressed; "
+            f"got Content-Encoding {_shown(coding)}"
+        )
 
 
 # ---------------------------------------------------------------------- parser errors

@@ -62,7 +62,7 @@ _ERROR_DESCRIPTIONS: Mapping[str, str] = {
     "412": "VERSION_MISMATCH: If-Match or If-None-Match did not hold",
     "413": "PAYLOAD_TOO_LARGE: the body, or the event it would make, is over its limit",
     "414": "URI_TOO_LONG: the URL is over the limit",
-    "415": "UNSUPPORTED_MEDIA_TYPE: bodies must be application/json",
+    "415": "UNSUPPORTED_MEDIA_TYPE: bodies must be application/json, uncompressed",
     "429": "RESOURCE_EXHAUSTED: the backlog (or a watch limit) is full; retry later",
     "431": "HEADERS_TOO_LARGE: a header is too long, or there are too many",
     "500": "INTERNAL: a bug; the message carries the request id the log has",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import uuid
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,6 +101,33 @@ async def test_bodies_must_be_declared_json(live_api: LiveApi) -> None:
             body=body,
             content_type=content_type,
         )
+    # Compressed bodies are refused whole, before anything inflates them: a few
+    # hundred kilobytes of gzip can hold gigabytes.
+    raw = json.dumps(body).encode()
+    for encoding, data in (
+        ("gzip", gzip.compress(raw)),
+        ("deflate", zlib.compress(raw)),
+        ("gzip", b"not gzip at all"),
+        ("br", raw),
+        ("x-unheard-of", raw),
+    ):
+        headers = {
+            **live_api.auth,
+            "Content-Type": "application/json",
+            "Content-Encoding": encoding,
+        }
+        async with live_api.session.post(
+            live_api.url + "/v1/workflow-runs", data=data, headers=headers
+        ) as response:
+            assert response.content_type == "application/json", await response.text()
+            answer = await response.json()
+            assert (response.status, answer["code"]) == (415, "UNSUPPORTED_MEDIA_TYPE"), answer
+            assert f"Content-Encoding {encoding}" in answer["message"], answer
+    headers = {**live_api.auth, "Content-Type": "application/json", "Content-Encoding": "identity"}
+    async with live_api.session.post(
+        live_api.url + "/v1/workflow-runs", data=json.dumps(body), headers=headers
+    ) as response:
+        assert response.status == 404, await response.text()
     # Who is calling is checked first: nothing is said about the body to a stranger.
     await _error(
         live_api,

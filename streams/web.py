@@ -191,8 +191,9 @@ def write_conditions(if_match: str | None, if_none_match: str | None) -> tuple[i
         return None, False
     raw = if_match.strip()
     unquoted = raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
-    # str.isdigit also takes digits int() cannot read, such as superscripts.
-    if not (unquoted.isascii() and unquoted.isdigit()) or int(unquoted) < 1:
+    # str.isdigit also takes digits int() cannot read, such as superscripts; a
+    # version is an int64, so no ETag of one runs past 19 digits.
+    if not (unquoted.isascii() and unquoted.isdigit()) or len(unquoted) > 19 or int(unquoted) < 1:
         raise InvalidArgument(
             f'If-Match must be a stored version\'s ETag, like "3", got {if_match!r}'
         )

@@ -222,8 +222,9 @@ async def test_stored_definitions_are_written_with_if_match(dsn: str) -> None:
         # No condition: the last writer wins, and the version still moves.
         plain = await client.put(path, json=workflow)
         assert plain.headers["ETag"] == '"3"'
-        # "\u00b2" (superscript two) is a digit to str.isdigit, but no number to int().
-        for etag in ("yesterday", '"\u00b2"'):
+        # "\u00b2" (superscript two) is a digit to str.isdigit, but no number to int(),
+        # nor is a run of digits longer than int() reads (4300) or a version can be.
+        for etag in ("yesterday", '"\u00b2"', '"' + "9" * 5000 + '"'):
             bad = await client.put(path, json=workflow, headers={"If-Match": etag})
             assert "If-Match" in await _error(bad, 400, "INVALID_ARGUMENT")
 

@@ -92,6 +92,39 @@ def progress_json(progress: Progress) -> str:
     )
 
 
+class _Place:
+    """A watcher's place, given back once however its stream ends."""
+
+    def __init__(self, leave: Callable[[], None]) -> None:
+        self._leave: Callable[[], None] | None = leave
+
+    def give_back(self) -> None:
+        leave, self._leave = self._leave, None
+        if leave is not None:
+            leave()
+
+
+class WatchStream:
+    """One watcher's frames; closing it gives its place back, even unread."""
+
+    def __init__(self, frames: AsyncGenerator[bytes], place: _Place) -> None:
+        self._frames = frames
+        self._place = place
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await anext(self._frames)
+
+    async def aclose(self) -> None:
+        try:
+            await self._frames.aclose()
+        finally:
+            # A generator never started runs no ``finally`` of its own.
+            self._place.give_back()
+
+
 class JobWatch(mode.Service):
     """The watchers of this process, and the one wake-up they share."""
 
@@ -200,26 +233,39 @@ class JobWatch(mode.Service):
                 "retry later or watch through another API replica"
             )
 
-    async def frames(
+    def frames(
         self, job_id: UUID, *, after: int, connected: Callable[[], bool] = lambda: True
-    ) -> AsyncGenerator[bytes]:
-        """The stream's bytes: events after ``after``, progress, keep-alives, then ``end``.
+    ) -> WatchStream:
+        """A place among the watchers, and the stream's bytes: events after
+        ``after``, progress, keep-alives, then ``end``.
 
-        ``connected`` is asked before every read: a client that went away
-        frees its place at once, not at the next write that would fail. The
-        limit was checked (``admit``) before the response started: refusing
-        here could only cut a stream already begun.
+        The place is taken here, refused past the limit, before the caller
+        awaits anything: taken only once the stream began, every watcher of a
+        burst would pass the limit while the others wait to start. It is given
+        back when the stream ends or is closed, read or not. ``connected`` is
+        asked before every read: a client that went away frees its place at
+        once, not at the next write that would fail.
         """
+        self.admit()
         self.watchers += 1
         self._unwatched_at = None
         self._watched.set()
+        place = _Place(self._leave)
+        return WatchStream(self._held(job_id, after, connected, place), place)
+
+    def _leave(self) -> None:
+        self.watchers -= 1
+        if self.watchers == 0:
+            self._unwatched_at = self._clock()
+
+    async def _held(
+        self, job_id: UUID, after: int, connected: Callable[[], bool], place: _Place
+    ) -> AsyncGenerator[bytes]:
         try:
             async for frame in self._frames(job_id, after, connected):
                 yield frame
         finally:
-            self.watchers -= 1
-            if self.watchers == 0:
-                self._unwatched_at = self._clock()
+            place.give_back()
 
     async def _frames(
         self, job_id: UUID, after: int, connected: Callable[[], bool]
@@ -268,4 +314,4 @@ class JobWatch(mode.Service):
             await asyncio.wait_for(asyncio.shield(tick), self._poll_s)
 
 
-__all__ = ["KEEPALIVE", "Frame", "JobWatch", "event_json", "progress_json"]
+__all__ = ["KEEPALIVE", "Frame", "JobWatch", "WatchStream", "event_json", "progress_json"]

@@ -90,7 +90,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
 from functools import partial
@@ -126,7 +126,7 @@ if TYPE_CHECKING:
 
     from streams.requests_dlq import Position
     from streams.runtime import Runtime
-    from streams.watch import JobWatch
+    from streams.watch import JobWatch, WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,7 @@ class HttpVerbs:
         query: Mapping[str, str],
         last_event_id: str | None,
         connected: Callable[[], bool],
-    ) -> AsyncGenerator[bytes]:
+    ) -> WatchStream:
         """The job's event stream (``streams.watch``), once the request is found valid.
 
         Everything that can refuse the request is checked here, before any of
@@ -798,9 +798,7 @@ async def _respond(view: View, call: Callable[[], Awaitable[Reply]]) -> Response
     return view.json(reply.body, status=reply.status, headers=dict(reply.headers))
 
 
-async def stream_events(
-    request: Request, frames: AsyncGenerator[bytes]
-) -> aiohttp_web.StreamResponse:
+async def stream_events(request: Request, frames: WatchStream) -> aiohttp_web.StreamResponse:
     """Send ``frames`` as ``text/event-stream`` until they end or the client goes."""
     raw = cast(aiohttp_web.Request, request)
     response = aiohttp_web.StreamResponse(
@@ -812,7 +810,11 @@ async def stream_events(
             "X-Accel-Buffering": "no",
         },
     )
-    await response.prepare(raw)
+    try:
+        await response.prepare(raw)
+    except BaseException:
+        await frames.aclose()
+        raise
     try:
         async for frame in frames:
             await response.write(frame)
@@ -909,7 +911,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}/events")
     class WatchRun(View):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
-            frames: AsyncGenerator[bytes] | None = None
+            frames: WatchStream | None = None
 
             async def call() -> Reply:
                 nonlocal frames

@@ -194,6 +194,38 @@ async def test_watchers_past_the_limit_are_told_to_come_back_later(
             assert third.status == 200
 
 
+async def test_watchers_arriving_together_are_held_to_the_limit(make_database: Any) -> None:
+    async with live({"DATABASE_URL": make_database(migrated=True), "WFJOBS_WATCH_MAX": "2"}) as api:
+        await store_review(api)
+        job_id = await parked_job(api)
+        url = api.url + events_path(job_id)
+        # Each is admitted before the job is read and the stream begins: the
+        # place must be taken when admitted, or all of them get in.
+        responses = await asyncio.gather(
+            *(api.session.get(url, headers=api.auth) for _ in range(6))
+        )
+        try:
+            statuses = sorted(response.status for response in responses)
+            assert statuses == [200, 200, 429, 429, 429, 429], statuses
+            assert api.runtime.require_watch().watchers == 2
+        finally:
+            for response in responses:
+                response.close()
+        for _ in range(50):
+            if api.runtime.require_watch().watchers == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert api.runtime.require_watch().watchers == 0
+        # A refusal after admission (no such job) gives its place back.
+        missing = api.url + events_path(str(uuid.uuid4()))
+        for _ in range(3):
+            async with api.session.get(missing, headers=api.auth) as r:
+                assert r.status == 404, await r.text()
+        assert api.runtime.require_watch().watchers == 0
+        async with api.session.get(url, headers=api.auth) as again:
+            assert again.status == 200
+
+
 async def test_stopping_the_server_ends_open_watches_at_once(make_database: Any) -> None:
     watcher = aiohttp.ClientSession()
     try:

@@ -272,7 +272,12 @@ _OUTBOX_REDRIVE: Mapping[str, Any] = {
         {
             "type": "object",
             "properties": {
-                "ids": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+                "ids": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "minItems": 1,
+                    "maxItems": 1000,
+                },
             },
             "required": ["ids"],
             "additionalProperties": False,

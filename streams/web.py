@@ -648,7 +648,7 @@ class HttpVerbs:
 
     async def redrive_outbox(self, caller: Caller, body: bytes) -> Reply:
         """FAILED outbox rows back to PENDING: by id, one job's, or all."""
-        data = _json_object(body, "the outbox redrive")
+        data = await asyncio.to_thread(_json_object, body, "the outbox redrive")
         selector = _one_selector(data, ("ids", "job_id", "all"), "the outbox redrive")
         if selector == "ids":
             ids = data["ids"]
@@ -696,7 +696,7 @@ class HttpVerbs:
     async def redrive_requests_dlq(self, caller: Caller, body: bytes) -> Reply:
         """Dead-lettered requests back to the requests topic: by position, or all."""
         caller.require_fleet("dead-lettered requests")
-        data = _json_object(body, "the dead-letter redrive")
+        data = await asyncio.to_thread(_json_object, body, "the dead-letter redrive")
         selector = _one_selector(data, ("positions", "all"), "the dead-letter redrive")
         positions: list[Position] | None = None
         if selector == "positions":

@@ -306,6 +306,8 @@ async def test_large_bodies_are_read_without_stalling_the_worker(
         ]
         for path, body, expected in calls:
             await _lag_of_one_call(client, monitor, "POST", path, body, expected)
+        redrive = {"ids": list(range(1, len(many)))}
+        await _lag_of_one_call(client, monitor, "POST", "/v1/outbox:redrive", redrive, 400)
 
         # A job that holds such an input is answered, and read back, the same way.
         tags = ["t"] * 150_000

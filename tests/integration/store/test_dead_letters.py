@@ -127,6 +127,8 @@ async def test_redrive_never_touches_a_published_row(
     assert (await outbox.events_for(job_id))[0].status == "PUBLISHED"
     with pytest.raises(InvalidArgument, match="ids must name at least one"):
         await dead_letters.redrive_ids([])
+    with pytest.raises(InvalidArgument, match=r"ids names 1001 outbox rows; .* at most 1000"):
+        await dead_letters.redrive_ids(range(1, 1002))
     for outside in (0, 2**63):
         with pytest.raises(InvalidArgument, match=r"outbox row ids, 1 to 9223372036854775807"):
             await dead_letters.redrive_ids([1, outside])

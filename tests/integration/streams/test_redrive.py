@@ -152,6 +152,10 @@ async def test_redrive_by_job_and_all_through_http_and_bad_input(
             ({"ids": []}, "ids must be a non-empty list"),
             ({"ids": ["1"]}, "ids must be a non-empty list"),
             ({"ids": [2**63]}, "ids must be outbox row ids, 1 to 9223372036854775807"),
+            (
+                {"ids": list(range(1, 1002))},
+                "ids names 1001 outbox rows; a redrive takes at most 1000",
+            ),
             ({"job_id": "nope"}, "job_id must be a UUID"),
             ({"all": "yes"}, "all must be true"),
             ({"everything": True}, "unknown field(s) everything"),

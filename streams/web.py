@@ -226,8 +226,9 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
 def _only_parameters(query: Mapping[str, str], allowed: tuple[str, ...], verb: str) -> None:
     unknown = sorted(set(query) - set(allowed))
     if unknown:
+        takes = ", ".join(allowed) if allowed else "none"
         raise InvalidArgument(
-            f"unknown query parameter(s) {', '.join(unknown)}; {verb} takes {', '.join(allowed)}"
+            f"unknown query parameter(s) {', '.join(unknown)}; {verb} takes {takes}"
         )
 
 
@@ -793,6 +794,12 @@ def _query(request: Request) -> dict[str, str]:
     return query
 
 
+def _no_query(request: Request, verb: str) -> None:
+    # A parameter a verb ignored would let a typo through unnoticed: a cancel
+    # sent ?reason=... would cancel without the reason, and say nothing.
+    _only_parameters(_query(request), (), verb)
+
+
 async def _respond(view: View, call: Callable[[], Awaitable[Reply]]) -> Response:
     reply = await answer(call)
     return view.json(reply.body, status=reply.status, headers=dict(reply.headers))
@@ -885,6 +892,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                _no_query(request, "submit-workflow")
                 body = await read_body(request, api.max_body_bytes)
                 trace = incoming(request.headers.get(TRACEPARENT), request.headers.get(TRACESTATE))
                 return await api.submit(caller, body, trace=trace)
@@ -904,6 +912,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
+                _no_query(request, "get-job")
                 return await api.get_job(caller, job_id)
 
             return await _respond(self, call)
@@ -935,6 +944,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
+                _no_query(request, "explain")
                 return await api.explain_job(caller, job_id)
 
             return await _respond(self, call)
@@ -944,6 +954,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                _no_query(request, "resume")
                 body = await read_body(request, api.max_body_bytes)
                 return await api.resume(caller, job_id, body)
 
@@ -954,6 +965,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
+                _no_query(request, "bulk resume")
                 return await api.resume_many(caller, await read_body(request, api.max_body_bytes))
 
             return await _respond(self, call)
@@ -963,6 +975,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.CANCEL)
+                _no_query(request, "cancel")
                 # The body is optional: a bare POST cancels without a reason.
                 raw = cast(aiohttp_web.Request, request)
                 body = await read_body(request, api.max_body_bytes) if raw.body_exists else b""
@@ -975,6 +988,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.CANCEL)
+                _no_query(request, "bulk cancel")
                 return await api.cancel_many(caller, await read_body(request, api.max_body_bytes))
 
             return await _respond(self, call)
@@ -986,6 +1000,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         ) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.COMPLETE)
+                _no_query(request, "complete-step")
                 body = await read_body(request, api.max_body_bytes)
                 return await api.complete_step(caller, job_id, step_name, body)
 
@@ -998,7 +1013,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         ) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
-                _only_parameters(_query(request), (), "step-form")
+                _no_query(request, "step-form")
                 return await api.step_form(caller, job_id, step_name)
 
             return await _respond(self, call)
@@ -1035,6 +1050,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
+                _no_query(request, "the outbox redrive")
                 body = await read_body(request, api.max_body_bytes)
                 return await api.redrive_outbox(caller, body)
 
@@ -1054,6 +1070,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
+                _no_query(request, "the dead-letter redrive")
                 body = await read_body(request, api.max_body_bytes)
                 return await api.redrive_requests_dlq(caller, body)
 
@@ -1064,6 +1081,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def get(self, request: Request, name: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 await api.authorize(_authorization(request), auth.READ)
+                _no_query(request, "get-workflow")
                 return await api.get_workflow(name)
 
             return await _respond(self, call)
@@ -1071,6 +1089,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         async def put(self, request: Request, name: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 await api.authorize(_authorization(request), auth.ADMIN)
+                _no_query(request, "put-workflow")
                 return await api.put_workflow(
                     name,
                     await read_body(request, api.max_body_bytes),

@@ -168,6 +168,10 @@ async def test_nul_in_any_input_is_refused_naming_the_field(live_api: LiveApi) -
     message = await _error(live_api, "GET", "/v1/workflow-runs?a%00=1", 400, "INVALID_ARGUMENT")
     assert message.startswith("a query parameter name contains U+0000")
     message = await _error(
+        live_api, "GET", f"/v1/workflow-runs/{job}?a=%00", 400, "INVALID_ARGUMENT"
+    )
+    assert message.startswith("query parameter a contains U+0000")
+    message = await _error(
         live_api,
         "POST",
         f"/v1/workflow-runs/{job}/steps/re%00view:complete",

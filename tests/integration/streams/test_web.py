@@ -202,6 +202,53 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
         assert "PutWorkflowRequest" in message
 
 
+async def test_a_query_parameter_a_verb_does_not_take_is_refused_and_changes_nothing(
+    dsn: str,
+) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "hold on")
+        run = f"/v1/workflow-runs/{job_id}"
+        # A reason sent where cancel does not read it must not cancel without one.
+        message = await _error(
+            await client.post(f"{run}:cancel", params={"reason": "typo"}),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert message == "unknown query parameter(s) reason; cancel takes none"
+        message = await _error(
+            await client.post(
+                f"{run}/steps/review:complete",
+                params={"approved": "true"},
+                json={"response": {"approved": True}},
+            ),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert message == "unknown query parameter(s) approved; complete-step takes none"
+        for method, path, body in (
+            ("GET", run, None),
+            ("GET", f"{run}:explain", None),
+            ("POST", f"{run}:resume", {}),
+            ("POST", "/v1/workflow-runs", {"workflow_name": "web-review", "input": {"text": "a"}}),
+            ("POST", "/v1/workflow-runs:cancel", {"workflow_name": "web-review"}),
+            ("POST", "/v1/workflow-runs:resume", {}),
+            ("GET", "/v1/workflows/web-review", None),
+            ("PUT", "/v1/workflows/web-review", {"workflow": WORKFLOW}),
+            ("POST", "/v1/outbox:redrive", {"all": True}),
+        ):
+            response = await client.request(method, path, params={"colour": "red"}, json=body)
+            message = await _error(response, 400, "INVALID_ARGUMENT")
+            assert message.startswith("unknown query parameter(s) colour; "), (path, message)
+        job = (await _json(await client.get(run)))["job"]
+        assert job["status"] == "WAITING" and job["attempt"] == 1
+        assert [
+            j["job_id"] for j in (await _json(await client.get("/v1/workflow-runs")))["jobs"]
+        ] == [job_id]
+        stored = await client.get("/v1/workflows/web-review")
+        assert stored.headers["ETag"] == '"1"'
+
+
 async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_nothing(
     dsn: str,
 ) -> None:

@@ -587,7 +587,9 @@ class Jobs:
             original = _visible(await runs.get(job_id), owner)
             new_id = resume_job_id(original.job_id, request_key)
             if original.resumed_by == new_id:
-                return Resumed(await runs.get(new_id), created=False)
+                return _resumed_before(
+                    Resumed(await runs.get(new_id), created=False), original.job_id, owner
+                )
             if original.resumed_by is not None:
                 raise already_resumed(original.job_id, original.resumed_by)
             if original.status not in RESUMABLE:
@@ -629,6 +631,7 @@ class Jobs:
                 new_definition=use_current_definition,
                 max_attempts=max_attempts or None,
             )
+        resumed = _resumed_before(resumed, original.job_id, owner)
         if resumed.created:
             self._runtime.admission.admitted()
             log.info(
@@ -854,6 +857,15 @@ async def _replay_fits(compiled: Any, original: Job, keep: int) -> None:
             f"use_current_definition: the checkpoints of job {original.job_id} do not fit the "
             f"current definition of workflow {compiled.name!r}: {failure}"
         ) from None
+
+
+def _resumed_before(resumed: Resumed, original_id: uuid.UUID, owner: str | None) -> Resumed:
+    """``resumed``, unless it is a run made before by someone else whom ``owner``
+    may not see: that one is refused as a resume with another key would be,
+    naming the run and showing nothing of it."""
+    if resumed.created or owner is None or resumed.job.owner == owner:
+        return resumed
+    raise already_resumed(original_id, resumed.job.job_id)
 
 
 def _visible(job: Job, owner: str | None) -> Job:

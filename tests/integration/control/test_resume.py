@@ -328,6 +328,30 @@ async def test_only_ended_jobs_of_ones_own_can_be_resumed(dsn: str) -> None:
         assert response.status == 201, await response.text()
 
 
+async def test_a_run_another_owner_made_is_not_shown_to_the_jobs_owner(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        own = await bearer(dsn, "someone", ["submit", "read"])
+        original = await ended_job(client, runtime, "mine", headers=own)
+        # An operator (fleet-wide) resumes it with the default key: the run is theirs.
+        made = await _resume(client, original)
+        assert made.status == 201, await made.text()
+        run = (await _json(made))["job"]
+        assert run["owner"] == "tester"
+
+        # The same resume from the job's owner names the run as any other
+        # resume would, and shows nothing of a job the owner cannot read.
+        response = await _resume(client, original, headers=own)
+        body = await _json(response)
+        assert response.status == 409, body
+        assert body["code"] == "FAILED_PRECONDITION" and run["job_id"] in body["message"]
+        assert "already resumed" in body["message"]
+        assert (await client.get(f"/v1/workflow-runs/{run['job_id']}", headers=own)).status == 404
+        # The operator who made it is still answered with it.
+        again = await _resume(client, original)
+        assert again.status == 200 and (await _json(again))["job"]["job_id"] == run["job_id"]
+
+
 async def test_bulk_resume_by_filter(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
         await put_workflow(client)

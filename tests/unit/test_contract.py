@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +29,7 @@ from schemas.contract import (
     with_event_id,
 )
 from schemas.errors import ContractViolation, InvalidArgument
+from schemas.gen.workflowjobs.v1 import events_pb2, requests_pb2
 
 JOB_ID = "8a4a0f2e-5b7c-4d1e-9f3a-2b6c8d0e1f24"
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -137,6 +140,56 @@ def test_an_empty_inline_workflow_still_counts_as_a_source() -> None:
     request.workflow.SetInParent()
     with pytest.raises(InvalidArgument, match="exactly one definition source"):
         check_incoming(request)
+
+
+def test_the_rules_do_not_walk_a_structs_contents() -> None:
+    # protovalidate walks a message in native code that holds the interpreter
+    # lock: half a second for a Struct of 130 000 values, during which no other
+    # thread (the event loop's included) runs. No rule reads into a Struct.
+    request = api_pb2.CompleteStepRequest(job_id=str(uuid.uuid4()), step_name="review")
+    request.response.update({"x": list(range(130_000))})
+    started = time.thread_time()
+    check_incoming(request)
+    assert time.thread_time() - started < 0.1
+    assert len(request.response["x"]) == 130_000
+    submit = api_pb2.SubmitWorkflowRequest(workflow_name="stored", input=request.response)
+    submit.workflow.update({"huge": list(range(130_000))})
+    started = time.thread_time()
+    with pytest.raises(InvalidArgument, match="exactly one definition source"):
+        check_incoming(submit)
+    assert time.thread_time() - started < 0.1
+    request.ClearField("response")
+    with pytest.raises(InvalidArgument, match="response: value is required"):
+        check_incoming(request)
+
+
+def _struct_fields(message: Any) -> list[Any]:
+    return [
+        field
+        for field in message.DESCRIPTOR.fields
+        if field.message_type is not None
+        and field.message_type.full_name == "google.protobuf.Struct"
+    ]
+
+
+def test_no_rule_of_the_contract_reads_into_a_struct() -> None:
+    """What lets ``violations`` check a message with its Structs' contents left out."""
+    from schemas.gen.buf.validate import validate_pb2
+
+    extensions: Any = validate_pb2
+    for module in (api_pb2, events_pb2, requests_pb2):
+        for message_type in module.DESCRIPTOR.message_types_by_name.values():
+            fields = _struct_fields(message_type._concrete_class)
+            message_rules = message_type.GetOptions().Extensions[extensions.message]
+            for field in fields:
+                options = field.GetOptions()
+                if options.HasExtension(extensions.field):
+                    assert str(options.Extensions[extensions.field]) == "required: true\n", field
+                for rule in message_rules.cel:
+                    # Only whether it is set: has(this.field), never this.field.key.
+                    used = rule.expression.replace(f"has(this.{field.name})", "")
+                    read = re.search(rf"\bthis\.{field.name}\b", used)
+                    assert read is None, (message_type.name, rule.id)
 
 
 def test_submit_job_id_is_optional_but_must_be_a_uuid() -> None:

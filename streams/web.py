@@ -297,15 +297,20 @@ def _submit_now(
     return request, struct_to_dict(request.input, "input"), workflow
 
 
-def _complete_step_now(body: bytes, job_id: str, step_name: str) -> tuple[UUID, dict[str, Any]]:
-    """The job id and the response of a complete-step body, checked against its path."""
-    data = _json_object(body, "complete-step")
-    for key, value in (("job_id", job_id), ("step_name", step_name)):
+def _agree_with_path(data: dict[str, Any], **path: str) -> None:
+    """Fill in the body's copies of the path's values; refuse one that differs."""
+    for key, value in path.items():
         given = data.setdefault(key, value)
         if given != value:
             raise InvalidArgument(
                 f"{key} in the body ({given!r}) differs from the one in the path ({value!r})"
             )
+
+
+def _complete_step_now(body: bytes, job_id: str, step_name: str) -> tuple[UUID, dict[str, Any]]:
+    """The job id and the response of a complete-step body, checked against its path."""
+    data = _json_object(body, "complete-step")
+    _agree_with_path(data, job_id=job_id, step_name=step_name)
     parsed = parse_job_id(job_id)
     request = cast(api_pb2.CompleteStepRequest, from_json(data, api_pb2.CompleteStepRequest()))
     check_incoming(request)
@@ -476,11 +481,7 @@ class HttpVerbs:
     async def cancel(self, caller: Caller, job_id: str, body: bytes) -> Reply:
         """Cancel one job; 200 for every outcome, a finished job answered as it is."""
         data = await asyncio.to_thread(_json_object, body, "cancel") if body.strip() else {}
-        given = data.setdefault("job_id", job_id)
-        if given != job_id:
-            raise InvalidArgument(
-                f"job_id in the body ({given!r}) differs from the one in the path ({job_id!r})"
-            )
+        _agree_with_path(data, job_id=job_id)
         parsed = parse_job_id(job_id)
         request = cast(api_pb2.CancelJobRequest, from_json(data, api_pb2.CancelJobRequest()))
         check_incoming(request)
@@ -523,11 +524,7 @@ class HttpVerbs:
     async def resume(self, caller: Caller, job_id: str, body: bytes) -> Reply:
         """A FAILED, DEAD or CANCELLED job as a new run: 201 made, 200 made before."""
         data = await asyncio.to_thread(_json_object, body, "resume")
-        given = data.setdefault("job_id", job_id)
-        if given != job_id:
-            raise InvalidArgument(
-                f"job_id in the body ({given!r}) differs from the one in the path ({job_id!r})"
-            )
+        _agree_with_path(data, job_id=job_id)
         parsed = parse_job_id(job_id)
         request = cast(api_pb2.ResumeJobRequest, from_json(data, api_pb2.ResumeJobRequest()))
         check_incoming(request)

@@ -249,6 +249,41 @@ async def test_a_query_parameter_a_verb_does_not_take_is_refused_and_changes_not
         assert stored.headers["ETag"] == '"1"'
 
 
+async def test_a_body_naming_another_job_or_step_than_its_path_is_refused(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "hold on")
+        other = "00000000-0000-4000-8000-000000000001"
+        run = f"/v1/workflow-runs/{job_id}"
+        for path, body, key, given in (
+            (f"{run}:cancel", {"job_id": other}, "job_id", other),
+            (f"{run}:resume", {"job_id": other}, "job_id", other),
+            (
+                f"{run}/steps/review:complete",
+                {"job_id": other, "response": {"approved": True}},
+                "job_id",
+                other,
+            ),
+            (
+                f"{run}/steps/review:complete",
+                {"step_name": "tokenize", "response": {"approved": True}},
+                "step_name",
+                "tokenize",
+            ),
+        ):
+            message = await _error(await client.post(path, json=body), 400, "INVALID_ARGUMENT")
+            assert message.startswith(
+                f"{key} in the body ({given!r}) differs from the one in the path"
+            )
+        # The same ids in the body as in the path are taken.
+        answer = await client.post(
+            f"{run}/steps/review:complete",
+            json={"job_id": job_id, "step_name": "review", "response": {"approved": True}},
+        )
+        assert answer.status == 200, await answer.text()
+        assert (await _json(answer))["outcome"] == "COMPLETED"
+
+
 async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_nothing(
     dsn: str,
 ) -> None:

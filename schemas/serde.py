@@ -508,6 +508,7 @@ class EventDecoder:
             else None
         )
         self._schema_types: dict[int, str] = {}
+        self._writers = _WriterNames(registry)
 
     def decode(self, data: bytes | None, *, topic: str | None = None) -> WorkflowRunEvent:
         if data is None:
@@ -521,6 +522,7 @@ class EventDecoder:
                     return _decode_avro_without_registry(data)
                 record = self._avro(data, context)
                 return avro_record_to_event(record)
+            self._writers.check(data, WorkflowRunEvent, topic or self._topic)
             event = self._protobuf(data, context)
         except UndecodableMessage:
             raise

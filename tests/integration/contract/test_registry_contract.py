@@ -39,6 +39,7 @@ from schemas.contract import (
 from schemas.generate import CONSUMER_ROOT
 from schemas.serde import (
     COMPATIBILITY,
+    EventDecoder,
     RequestDecoder,
     UndecodableMessage,
     encode_message,
@@ -225,6 +226,13 @@ def test_a_consumer_with_only_protoc_classes_reads_events_and_requests(
     framed_completion = encode_message(completion, registry=registry, topic=completions_topic)
     with pytest.raises(UndecodableMessage, match=r"schema of workflowjobs\.v1\.StepCompletion$"):
         worker_side.decode(framed_completion)
+    # The events' own decoder (wfjobs events) takes the relay's framing and no other.
+    events_side = EventDecoder(settings.open_registry(), topic=topic)
+    assert to_json(events_side.decode(value)) == expected[-1]
+    with pytest.raises(
+        UndecodableMessage, match=r"schema of workflowjobs\.v1\.WorkflowRunRequest$"
+    ):
+        events_side.decode(framed_request, topic=requests_topic)
 
     gen = tmp_path / "consumer"
     gen.mkdir()

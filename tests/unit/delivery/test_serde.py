@@ -342,3 +342,6 @@ def test_a_value_framed_with_another_messages_schema_is_undecodable() -> None:
     # Their own framing still decodes, through the same client.
     assert RequestDecoder(registry).decode(framed_request) == request
     assert completions.decode(framed_completion) == completion
+    # Nor is a request framed for its own topic taken for an event.
+    with pytest.raises(UndecodableMessage, match=r"workflowjobs\.v1\.WorkflowRunRequest$"):
+        EventDecoder(registry).decode(framed_request)

@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from confluent_kafka import Consumer
 
 from devstack.apache_kafka import ApacheKafkaService
 from devstack.postgres import PostgresService
-from devstack.processes import ServiceError, free_port
+from devstack.processes import ServiceError
 from devstack.stack import WorkerProcess
 from store.outbox import Outbox
 from store.pool import Pool, open_pool
@@ -45,6 +44,7 @@ from tests.certificates import make_client_certificate, make_server_certificates
 from tests.e2e.harness import self_provisioning_worker, wait_until
 from tests.e2e.test_sasl import _ready, refused_worker
 from tests.forkserver import ForkServer
+from tests.http_stub import serving
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.e2e
@@ -91,15 +91,8 @@ class _TokenEndpoint(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def token_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _TokenEndpoint)
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/token"
-    finally:
-        server.shutdown()
-        server.server_close()
-        serving.join()
+    with serving(_TokenEndpoint) as url:
+        yield f"{url}/token"
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from cli.main import main as cli_main
 from cli.render import Output, event_summary, render_job, render_jobs
 from devstack.processes import free_port
 from schemas.contract import StepCompletion
+from tests.http_stub import serving
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -342,15 +343,8 @@ class _NotAWorker(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_a_worker() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAWorker)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(_NotAWorker) as url:
+        yield url
 
 
 def test_an_answer_that_is_not_json_is_one_line_naming_the_url(

@@ -7,7 +7,7 @@ import ssl
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -31,6 +31,7 @@ from streams.relay import build_relay
 from streams.request_agent import RequestHandler
 from streams.settings import Settings, SettingsError
 from tests.certificates import ServerCertificates, make_server_certificates
+from tests.http_stub import serving
 
 SCRAM = {
     "KAFKA_BOOTSTRAP_SERVERS": "k1:9093,k2:9093",
@@ -291,14 +292,8 @@ class _TokenEndpoint(BaseHTTPRequestHandler):
 @pytest.fixture
 def token_endpoint() -> Iterator[str]:
     _TokenEndpoint.grants = []
-    server = HTTPServer(("127.0.0.1", 0), _TokenEndpoint)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/token"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_TokenEndpoint) as url:
+        yield f"{url}/token"
 
 
 async def test_the_token_provider_makes_a_client_credentials_grant_and_reuses_it(

@@ -13,6 +13,7 @@ from datetime import datetime
 from uuid import UUID
 
 from store.pool import Pool
+from store.records import storable_text
 
 # One statement for every report a recorder has gathered. Rows whose claim is
 # gone match nothing in ``held`` and are left out; the count says how many went in.
@@ -78,7 +79,7 @@ class ProgressStore:
             "attempts": [r.attempt for r in reports],
             "steps": [r.step_name for r in reports],
             "fractions": [r.fraction for r in reports],
-            "messages": [r.message for r in reports],
+            "messages": [storable_text(r.message) for r in reports],
         }
         async with self._pool.connection() as conn:
             cursor = await conn.execute(RECORD_PROGRESS_SQL, params)

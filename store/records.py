@@ -328,3 +328,13 @@ def job_from_row(row: Sequence[Any]) -> Job:
         traceparent=traceparent,
         tracestate=tracestate,
     )
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a text column can hold it: U+0000 escaped.
+
+    An error message or a progress report quoting a handler's bytes may hold
+    one, and Postgres refuses the whole statement for it; escaped, the text
+    still says what it said.
+    """
+    return text.replace("\x00", "\\u0000") if "\x00" in text else text

@@ -82,6 +82,7 @@ from store.records import (
     SubmitResult,
     SweepResult,
     job_from_row,
+    storable_text,
 )
 from store.run_sql import (
     ACCEPT_STEP_SQL,
@@ -262,7 +263,7 @@ class RunStore:
 
     def _event_text(self, text: str) -> str:
         """An error or verdict as rows and events keep it: storable, and cut to fit."""
-        text = _storable_text(text)
+        text = storable_text(text)
         if len(text) <= self._max_text_bytes // 4:
             return text
         raw = text.encode()
@@ -1149,12 +1150,6 @@ def _fence(lease: Lease) -> dict[str, Any]:
         "attempt": lease.attempt,
         "token": lease.token,
     }
-
-
-def _storable_text(text: str) -> str:
-    # A text column cannot hold U+0000, and an error message quoting a handler's
-    # bytes may contain one; escaped, the message still says what it said.
-    return text.replace("\x00", "\\u0000") if "\x00" in text else text
 
 
 def _lease_lost(lease: Lease, what: str) -> LeaseLost:

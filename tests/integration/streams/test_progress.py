@@ -60,3 +60,29 @@ async def test_nothing_is_stored_for_a_job_nobody_holds(pool: Pool, store: RunSt
     assert recorder.written == 0
     assert await _stored(pool, 1, timeout_s=0.1) == []
     assert (await store.get(job_id)).status == "QUEUED"
+
+
+async def test_a_message_holding_nul_is_stored_escaped_beside_the_others(
+    pool: Pool, store: RunStore
+) -> None:
+    # A handler may quote its input in the message, and a proto string may hold NUL.
+    first = (await submit(store)).job.job_id
+    second = (await submit(store)).job.job_id
+    held = {}
+    for _ in range(2):
+        claimed = await store.claim("w-progress")
+        assert claimed is not None
+        held[claimed.job.job_id] = claimed.lease
+    recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.05)
+    await recorder.start()
+    try:
+        recorder.report(held[first], "tokenize", 0.5, "file a\x00b")
+        recorder.report(held[second], "tokenize", 0.25, "quarter")
+        rows = await _stored(pool, 2)
+        assert sorted(rows) == [
+            (1, "tokenize", 0.25, "quarter"),
+            (1, "tokenize", 0.5, "file a\\u0000b"),
+        ]
+        assert not recorder.crashed
+    finally:
+        await recorder.stop()

@@ -47,7 +47,11 @@ EXPORTERS = ("otlp", "console", "none")
 
 # version-trace_id-parent_id-flags, lowercase hex; a later version may append
 # fields after a dash, version 00 may not (W3C Trace Context, section 3.2).
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+# Those fields are header text: printable ASCII. Anything else (a NUL from a
+# Kafka header, which no text column stores) would refuse the whole submit.
+_TRACEPARENT = re.compile(
+    r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[\x20-\x7e]*)?"
+)
 # The spec asks vendors to pass on at least 512 characters of tracestate; a
 # longer one is dropped whole rather than cut mid-entry.
 _TRACESTATE_MAX = 512

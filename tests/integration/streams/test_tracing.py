@@ -288,5 +288,29 @@ async def test_untraced_the_job_still_stores_what_the_client_sent(
     assert all(not headers for _, headers in events)
 
 
+async def test_a_request_whose_traceparent_holds_a_nul_is_submitted_untraced(
+    make_traced: Callable[..., contextlib.AbstractAsyncContextManager[Traced]],
+) -> None:
+    # Untraced, the row would store the client's context as it came.
+    async with make_traced(tracing=False) as traced:
+        handler = RequestHandler(
+            traced.runtime,
+            decoder=RequestDecoder(),
+            dead_letter=_no_dead_letters,
+            topic="requests",
+        )
+        job_id = str(uuid.uuid4())
+        request = WorkflowRunRequest(job_id=job_id, workflow_name=WORKFLOW["name"])
+        request.input.update({"text": "from the topic"})
+        future = f"cc-{CLIENT_TRACE}-{CLIENT_SPAN}-01-\x00"
+        trace = headers_of([("traceparent", future.encode())])
+        [outcome] = await handler.handle_batch(
+            [Message(job_id.encode(), request.SerializeToString(), trace)]
+        )
+        assert outcome.kind == "submitted"
+        job = await traced.finished(job_id)
+    assert job.status == "COMPLETED" and job.traceparent is None
+
+
 async def _no_dead_letters(key: bytes | None, value: bytes | None, reason: str) -> None:
     raise AssertionError(f"dead-lettered: {reason}")

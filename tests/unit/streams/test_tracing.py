@@ -33,6 +33,10 @@ def test_a_valid_traceparent_and_its_tracestate_are_kept() -> None:
         VALID.upper(),
         VALID + "-extra",  # version 00 has exactly four fields
         "ff" + VALID[2:],  # the one forbidden version
+        # A later version's fields are header text too: no NUL, no control character.
+        "cc" + VALID[2:] + "-a\x00b",
+        "cc" + VALID[2:] + "-\x1b[2J",
+        b"cc" + VALID[2:].encode() + b"-\x00",
         "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
         "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
         "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",

@@ -236,6 +236,16 @@ def gauge(name: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, SPECS[name].help, value=value)
 
 
+# Workflow and step names come from definitions, and an inline workflow's from
+# whoever submits it: past this many label sets a histogram puts the names of
+# new ones under ``OTHER_LABEL``, so a submitter cannot grow the page (and the
+# process's memory, and Prometheus's series) without end.
+MAX_LABEL_SETS = 1000
+OTHER_LABEL = "(other)"
+# The labels whose values are names from definitions; ``outcome`` is the service's.
+_NAMED_LABELS = frozenset({"workflow", "step"})
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimTimings:
     """What the claim loops observe per claim, segment and step."""
@@ -248,14 +258,41 @@ class ClaimTimings:
     _children: dict[tuple[int, tuple[str, ...]], Histogram] = field(
         default_factory=dict, repr=False
     )
+    # Per histogram: its label names, and how many label sets it has a child for.
+    _label_names: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _label_sets: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, histogram in (
+            ("wfjobs_claim_latency_seconds", self.claim_latency),
+            ("wfjobs_segment_duration_seconds", self.segment_duration),
+            ("wfjobs_step_duration_seconds", self.step_duration),
+        ):
+            self._label_names[id(histogram)] = SPECS[name].labels
 
     def observe(self, histogram: Histogram, labels: tuple[str, ...], seconds: float) -> None:
         """``histogram.labels(*labels).observe(seconds)``, the child found once."""
         key = (id(histogram), labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = histogram.labels(*labels)
+            child = self._child(histogram, labels)
         child.observe(seconds)
+
+    def _child(self, histogram: Histogram, labels: tuple[str, ...]) -> Histogram:
+        made = self._label_sets.get(id(histogram), 0)
+        if made >= MAX_LABEL_SETS:
+            names = self._label_names[id(histogram)]
+            labels = tuple(
+                OTHER_LABEL if name in _NAMED_LABELS else value
+                for name, value in zip(names, labels, strict=True)
+            )
+            shared = self._children.get((id(histogram), labels))
+            if shared is not None:
+                return shared
+        else:
+            self._label_sets[id(histogram)] = made + 1
+        child = self._children[(id(histogram), labels)] = histogram.labels(*labels)
+        return child
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +391,8 @@ def request_lag_families(lag: Mapping[int, int] | None) -> Iterator[Metric]:
 __all__ = [
     "CATALOGUE",
     "CONTENT_TYPE",
+    "MAX_LABEL_SETS",
+    "OTHER_LABEL",
     "SETTLE_OUTCOMES",
     "SPECS",
     "SWEEP_ACTIONS",

@@ -12,7 +12,7 @@ from schemas.errors import NotFound
 from store.fleet import FleetCounts
 from streams.fleet_metrics import FleetGauges
 from streams.loop_lag import LoopLagProbe
-from streams.metrics import CATALOGUE, Metrics
+from streams.metrics import CATALOGUE, MAX_LABEL_SETS, OTHER_LABEL, Metrics
 from streams.runtime import Runtime
 from streams.settings import Settings, SettingsError
 
@@ -146,3 +146,28 @@ def test_the_catalogue_follows_the_naming_conventions() -> None:
         assert "job_id" not in spec.labels
         if spec.kind == "histogram":
             assert spec.name.endswith("_seconds"), spec.name
+
+
+async def test_names_a_submitter_picks_cannot_grow_the_page_without_end() -> None:
+    # Inline workflows carry any workflow and step names their submitter likes.
+    metrics = Metrics()
+    timings = metrics.claims
+    for i in range(MAX_LABEL_SETS + 500):
+        timings.observe(timings.claim_latency, (f"inline-{i}",), 0.01)
+        timings.observe(timings.step_duration, (f"inline-{i}", f"s{i}", "ok"), 0.01)
+        timings.observe(timings.step_duration, ("inline-0", f"step_{i}", "error"), 0.02)
+    samples = _samples(await metrics.exposition())
+
+    def counts(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {labels: value for (sample, labels), value in samples.items() if sample == name}
+
+    latency = counts("wfjobs_claim_latency_seconds_count")
+    assert len(latency) == MAX_LABEL_SETS + 1
+    assert latency[(("workflow", "inline-0"),)] == 1
+    assert latency[(("workflow", OTHER_LABEL),)] == 500
+    steps = counts("wfjobs_step_duration_seconds_count")
+    assert len(steps) <= MAX_LABEL_SETS + 2
+    assert sum(steps.values()) == 2 * (MAX_LABEL_SETS + 500)
+    # The outcome is the service's own word, kept past the bound.
+    other = {dict(labels)["outcome"] for labels in steps if dict(labels)["step"] == OTHER_LABEL}
+    assert other == {"ok", "error"}

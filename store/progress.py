@@ -7,6 +7,7 @@ that ended since) cannot overwrite what a later claim reports.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,13 +79,23 @@ class ProgressStore:
             "tokens": [r.lease_token for r in reports],
             "attempts": [r.attempt for r in reports],
             "steps": [r.step_name for r in reports],
-            "fractions": [r.fraction for r in reports],
+            "fractions": [_as_real(r.fraction) for r in reports],
             "messages": [storable_text(r.message) for r in reports],
         }
         async with self._pool.connection() as conn:
             cursor = await conn.execute(RECORD_PROGRESS_SQL, params)
             row = await cursor.fetchone()
         return int(row[0]) if row else 0
+
+
+def _as_real(fraction: float) -> float:
+    """``fraction`` rounded as the ``real`` column holds it.
+
+    Postgres refuses a cast that would round a non-zero double to zero (1e-50,
+    a valid fraction) rather than store 0, and that would refuse the batch.
+    """
+    rounded: float = struct.unpack("f", struct.pack("f", fraction))[0]
+    return rounded
 
 
 __all__ = ["Progress", "ProgressReport", "ProgressStore"]

@@ -86,3 +86,30 @@ async def test_a_message_holding_nul_is_stored_escaped_beside_the_others(
         assert not recorder.crashed
     finally:
         await recorder.stop()
+
+
+async def test_a_fraction_too_small_for_the_column_is_stored_as_nothing_done(
+    pool: Pool, store: RunStore
+) -> None:
+    # 1e-50 is a fraction from 0 to 1, and a remote step's header may say it;
+    # Postgres refuses to round it to a real rather than store 0.
+    first = (await submit(store)).job.job_id
+    second = (await submit(store)).job.job_id
+    held = {}
+    for _ in range(2):
+        claimed = await store.claim("w-progress")
+        assert claimed is not None
+        held[claimed.job.job_id] = claimed.lease
+    recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.05)
+    await recorder.start()
+    try:
+        recorder.report(held[first], "tokenize", 1e-50, "barely begun")
+        recorder.report(held[second], "tokenize", 0.25, "quarter")
+        rows = await _stored(pool, 2)
+        assert sorted(rows) == [
+            (1, "tokenize", 0.0, "barely begun"),
+            (1, "tokenize", 0.25, "quarter"),
+        ]
+        assert not recorder.crashed
+    finally:
+        await recorder.stop()

@@ -331,10 +331,18 @@ def job_from_row(row: Sequence[Any]) -> Job:
 
 
 def storable_text(text: str) -> str:
-    """``text`` as a text column can hold it: U+0000 escaped.
+    """``text`` as a text column can hold it: U+0000 and lone surrogates escaped.
 
     An error message or a progress report quoting a handler's bytes may hold
-    one, and Postgres refuses the whole statement for it; escaped, the text
-    still says what it said.
+    either (a file name from ``os.fsdecode`` keeps undecodable bytes as lone
+    surrogates, which UTF-8 cannot encode); Postgres, or the encoding before
+    it, refuses the whole statement for one. Escaped, the text still says
+    what it said.
     """
-    return text.replace("\x00", "\\u0000") if "\x00" in text else text
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace").decode()
+    return text

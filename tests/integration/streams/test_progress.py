@@ -62,10 +62,18 @@ async def test_nothing_is_stored_for_a_job_nobody_holds(pool: Pool, store: RunSt
     assert (await store.get(job_id)).status == "QUEUED"
 
 
-async def test_a_message_holding_nul_is_stored_escaped_beside_the_others(
-    pool: Pool, store: RunStore
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        ("file a\x00b", "file a\\u0000b"),
+        # A file name decoded with os.fsdecode keeps undecodable bytes as lone surrogates.
+        ("file \udcff", "file \\udcff"),
+    ],
+)
+async def test_a_message_postgres_cannot_hold_is_stored_escaped_beside_the_others(
+    message: str, kept: str, pool: Pool, store: RunStore
 ) -> None:
-    # A handler may quote its input in the message, and a proto string may hold NUL.
+    # A handler may quote its input in the message: a proto string may hold NUL.
     first = (await submit(store)).job.job_id
     second = (await submit(store)).job.job_id
     held = {}
@@ -76,12 +84,12 @@ async def test_a_message_holding_nul_is_stored_escaped_beside_the_others(
     recorder = ProgressRecorder(ProgressStore(pool), interval_s=0.05)
     await recorder.start()
     try:
-        recorder.report(held[first], "tokenize", 0.5, "file a\x00b")
+        recorder.report(held[first], "tokenize", 0.5, message)
         recorder.report(held[second], "tokenize", 0.25, "quarter")
         rows = await _stored(pool, 2)
         assert sorted(rows) == [
             (1, "tokenize", 0.25, "quarter"),
-            (1, "tokenize", 0.5, "file a\\u0000b"),
+            (1, "tokenize", 0.5, kept),
         ]
         assert not recorder.crashed
     finally:

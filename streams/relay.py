@@ -436,6 +436,7 @@ class OutboxRelay(mode.Service):
                 dead.id,
                 dead.job_id,
                 dead.reason,
+                extra={"job_id": str(dead.job_id)},
             )
         if result.lost:
             log.warning(

@@ -329,6 +329,8 @@ async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(
     assert good.status == "PUBLISHED"
     [logged] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert str(bad.id) in logged.getMessage() and str(broken) in logged.getMessage()
+    # A JSON log line about a job names it in its own field.
+    assert getattr(logged, "job_id", None) == str(broken)
 
 
 def _topic_with_max_message_bytes(bootstrap: str, max_bytes: int) -> str:

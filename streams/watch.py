@@ -137,13 +137,16 @@ class JobWatch(mode.Service):
         listen_idle_s: float = 30.0,
         poll_s: float = 1.0,
         keepalive_s: float = 15.0,
+        write_timeout_s: float = 30.0,
         max_watchers: int = 256,
         page: int = 200,
         clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
         """``wake``: set on every outbox notification by a LISTEN connection the
-        process keeps anyway; without it, ``dsn`` is listened on while watched."""
+        process keeps anyway; without it, ``dsn`` is listened on while watched.
+        ``write_timeout_s``: how long a client may leave a frame untaken before
+        its stream is cut (``streams.web.stream_events``)."""
         super().__init__(**kwargs)
         self._feed = feed
         self._wake = wake
@@ -156,6 +159,7 @@ class JobWatch(mode.Service):
         self.listening = False
         self._poll_s = poll_s
         self._keepalive_s = keepalive_s
+        self.write_timeout_s = write_timeout_s
         self._max_watchers = max_watchers
         self._page = page
         self._clock = clock

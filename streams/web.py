@@ -802,8 +802,16 @@ async def _respond(view: View, call: Callable[[], Awaitable[Reply]]) -> Response
     return view.json(reply.body, status=reply.status, headers=dict(reply.headers))
 
 
-async def stream_events(request: Request, frames: WatchStream) -> aiohttp_web.StreamResponse:
-    """Send ``frames`` as ``text/event-stream`` until they end or the client goes."""
+async def stream_events(
+    request: Request, frames: WatchStream, write_timeout_s: float
+) -> aiohttp_web.StreamResponse:
+    """Send ``frames`` as ``text/event-stream`` until they end or the client goes.
+
+    A client that stops reading (a frozen tab, a stalled proxy) keeps its
+    connection open with its window shut, and a write to it never returns: a
+    frame it has not taken within ``write_timeout_s`` cuts the stream, so its
+    watcher's place is given back. A live client reconnects with Last-Event-ID.
+    """
     raw = cast(aiohttp_web.Request, request)
     response = aiohttp_web.StreamResponse(
         status=200,
@@ -821,7 +829,17 @@ async def stream_events(request: Request, frames: WatchStream) -> aiohttp_web.St
         raise
     try:
         async for frame in frames:
-            await response.write(frame)
+            try:
+                async with asyncio.timeout(write_timeout_s):
+                    await response.write(frame)
+            except TimeoutError:
+                log.info(
+                    "watch %s cut: the client took no frame for %.0fs", raw.path, write_timeout_s
+                )
+                if raw.transport is not None:
+                    # Closing would wait for the unread bytes to drain, for ever.
+                    raw.transport.abort()
+                return response
     except ConnectionResetError:
         # The client went away; its watch ends with it.
         pass
@@ -934,7 +952,9 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             reply = await answer(call)
             if frames is None:
                 return self.json(reply.body, status=reply.status, headers=dict(reply.headers))
-            return cast(Response, await stream_events(request, frames))
+            watch = api.watch
+            assert watch is not None  # frames come from it
+            return cast(Response, await stream_events(request, frames, watch.write_timeout_s))
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}:explain")
     class ExplainRun(View):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -245,3 +246,46 @@ async def test_stopping_the_server_ends_open_watches_at_once(make_database: Any)
         assert asyncio.get_running_loop().time() - started < 5.0
     finally:
         await watcher.close()
+
+
+async def test_a_watcher_that_stops_reading_gives_its_place_back(live_api: LiveApi) -> None:
+    await store_review(live_api)
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    async with live_api.session.post(
+        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
+    ) as r:
+        job_id = (await r.json())["job"]["job_id"]
+    runs = live_api.runtime.require_runs()
+    claimed = await runs.claim("http-test")
+    assert claimed is not None
+    # More than the socket buffers of both ends hold, so the server's writes block.
+    for i in range(20):
+        entry = {"name": f"step{i}", "skipped": False, "response": {"blob": "x" * 500_000}}
+        await runs.checkpoint(claimed.lease, entry)
+    watch = live_api.runtime.require_watch()
+    watch.write_timeout_s = 1.0
+    loop = asyncio.get_running_loop()
+    # A client that sends its request and never reads again (a frozen tab, a
+    # stalled proxy): its connection stays open and its window shut.
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    try:
+        await loop.sock_connect(client, (live_api.host, live_api.port))
+        request = (
+            f"GET {events_path(job_id)} HTTP/1.1\r\nHost: {live_api.host}\r\n"
+            f"Authorization: {live_api.auth['Authorization']}\r\n\r\n"
+        )
+        await loop.sock_sendall(client, request.encode())
+        for _ in range(100):
+            if watch.watchers == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert watch.watchers == 1
+        for _ in range(200):
+            if watch.watchers == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert watch.watchers == 0, "a client that reads nothing still holds its place"
+    finally:
+        client.close()

@@ -295,6 +295,9 @@ class ClaimLoops(mode.Service):
         self._last_claim_wall: datetime | None = None
         self._claim_failures = 0
         self._failing_since: float | None = None
+        # Since when the claim statement in flight has waited: one that never
+        # answers (a lock, a server gone without a word) fails nothing.
+        self._claim_started_at: float | None = None
         self._timings = timings
         self.stats = ClaimStats()
 
@@ -366,9 +369,7 @@ class ClaimLoops(mode.Service):
             self._wake.clear()
             started_ns = now_ns() if self._tracing is not None else 0
             try:
-                claimed = await self._runs.claim_batch(
-                    self._worker_id, want, compiled=self._has_compiled
-                )
+                claimed = await self._claim(want)
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -408,6 +409,13 @@ class ClaimLoops(mode.Service):
                 self._has_idle.clear()
             if len(claimed) < want:
                 await self._pause(self._poll_interval_s * random.uniform(0.5, 1.0))
+
+    async def _claim(self, want: int) -> list[ClaimedJob]:
+        self._claim_started_at = self._clock()
+        try:
+            return await self._runs.claim_batch(self._worker_id, want, compiled=self._has_compiled)
+        finally:
+            self._claim_started_at = None
 
     async def _pause(self, seconds: float) -> None:
         if self._stopping:
@@ -861,6 +869,9 @@ class ClaimLoops(mode.Service):
         running = sum(1 for h in self._holdings if h.ended_at is None)
         failing_for = now - self._failing_since if self._failing_since is not None else 0.0
         claims_stuck = self._claim_failures > 0 and failing_for > self._claim_failure_bound_s
+        claim_since = self._claim_started_at
+        waiting_for = now - claim_since if claim_since is not None else 0.0
+        claim_hung = waiting_for > self._claim_failure_bound_s
         detail: dict[str, Any] = {
             "last_claim_at": (
                 self._last_claim_wall.isoformat() if self._last_claim_wall is not None else None
@@ -870,6 +881,7 @@ class ClaimLoops(mode.Service):
             ),
             "claim_failures_in_a_row": self._claim_failures,
             "claims_failing_for_s": round(failing_for, 3),
+            "claim_waiting_s": round(waiting_for, 3),
             "running_segments": running,
             "held_past_bound": len(past),
             "held_past_bound_jobs": past,
@@ -878,6 +890,8 @@ class ClaimLoops(mode.Service):
             summary = f"{len(past)} job(s) held past their bound: {', '.join(past[:5])}"
         elif claims_stuck:
             summary = f"claims failing for {failing_for:.0f}s ({self._claim_failures} in a row)"
+        elif claim_hung:
+            summary = f"a claim has waited {waiting_for:.0f}s for the store"
         elif self._claim_failures:
             summary = f"claims failing ({self._claim_failures} in a row)"
         else:
@@ -885,7 +899,7 @@ class ClaimLoops(mode.Service):
         started = self._claimer is not None and not self._stopping
         return PartHealth(
             "claims",
-            healthy=not past and not claims_stuck,
+            healthy=not past and not claims_stuck and not claim_hung,
             ready=started,
             summary=summary,
             detail=detail,

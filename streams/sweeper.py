@@ -71,10 +71,14 @@ class Sweeper(mode.Service):
         self._failures = 0
         self._failing_since: float | None = None
         self._last_error = ""
+        # Since when the sweep in flight has waited: one that never answers (a
+        # lock, a server gone without a word) fails nothing.
+        self._sweep_started_at: float | None = None
 
     async def sweep_once(self) -> SweepResult:
         # Each pass is counted as soon as it committed: a stop that lands between
         # two passes must not lose what the first one did.
+        self._sweep_started_at = self._clock()
         try:
             cancelled = await self._control.sweep_cancelled()
             self._count_cancelled(cancelled)
@@ -88,6 +92,8 @@ class Sweeper(mode.Service):
                 self._failing_since = self._clock()
             self._last_error = f"{type(exc).__name__}: {exc}"
             raise
+        finally:
+            self._sweep_started_at = None
         self._failures = 0
         self._failing_since = None
         self._last_sweep_at = self._clock()
@@ -131,7 +137,10 @@ class Sweeper(mode.Service):
         """From memory: when the last sweep answered, and whether sweeps keep failing."""
         now = self._clock()
         failing_for = now - self._failing_since if self._failing_since is not None else 0.0
-        stuck = self._failures > 0 and failing_for > self._failure_bound_s
+        sweep_since = self._sweep_started_at
+        waiting_for = now - sweep_since if sweep_since is not None else 0.0
+        hung = waiting_for > self._failure_bound_s
+        stuck = (self._failures > 0 and failing_for > self._failure_bound_s) or hung
         detail = {
             "last_sweep_at": (
                 self._last_sweep_wall.isoformat() if self._last_sweep_wall is not None else None
@@ -141,6 +150,7 @@ class Sweeper(mode.Service):
             ),
             "sweep_failures_in_a_row": self._failures,
             "sweeps_failing_for_s": round(failing_for, 3),
+            "sweep_waiting_s": round(waiting_for, 3),
             "requeued": self.requeued,
             "dead": self.dead,
             "stalled": self.stalled,
@@ -149,7 +159,9 @@ class Sweeper(mode.Service):
             "step_timeouts_passed": self.deadlines.step_timeouts,
             "step_fallbacks_taken": self.deadlines.fallbacks,
         }
-        if self._failures:
+        if hung:
+            summary = f"a sweep has waited {waiting_for:.0f}s for the store"
+        elif self._failures:
             summary = (
                 f"sweeps failing for {failing_for:.0f}s ({self._failures} in a row): "
                 f"{self._last_error}"

@@ -7,6 +7,7 @@ here waits for time to pass; the database is real throughout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -362,3 +363,65 @@ async def test_sweeps_failing_past_the_bound_make_the_sweeper_unhealthy(pool: Po
     await sweeper.sweep_once()
     health = sweeper.health()
     assert health.healthy and health.detail["last_sweep_age_s"] == 0
+
+
+@contextlib.asynccontextmanager
+async def table_locked(dsn: str, table: str) -> AsyncIterator[None]:
+    """Every statement on ``table`` waits while inside: what a claim or a sweep
+    meets behind a migration's lock, or on a connection whose server is gone
+    without a word (a failover, a partition), until TCP gives up hours later."""
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        await holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield
+        await holder.rollback()
+
+
+async def test_a_claim_that_hangs_past_the_bound_makes_the_loops_unhealthy(
+    dsn: str, pool: Pool
+) -> None:
+    runs = ClaimsThatHang(pool)
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock, claim_failure_bound_s=60.0)
+    async with table_locked(dsn, "workflow_run"):
+        await loops.start()
+        try:
+            await asyncio.wait_for(runs.claiming.wait(), timeout=5)
+            assert loops.health().healthy
+            clock.advance(61.0)
+            health = loops.health()
+            assert not health.healthy
+            assert health.detail["claim_waiting_s"] == 61.0
+            assert health.summary.startswith("a claim has waited 61s")
+        finally:
+            stopping = asyncio.ensure_future(loops.stop())
+    await stopping
+    assert loops.health().detail["claim_waiting_s"] == 0
+
+
+class ClaimsThatHang(RunStore):
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        self.claiming = asyncio.Event()
+
+    async def claim_batch(self, worker_id: str, limit: int, **options: Any) -> list[Any]:
+        self.claiming.set()
+        return await super().claim_batch(worker_id, limit, **options)
+
+
+async def test_a_sweep_that_hangs_past_the_bound_makes_the_sweeper_unhealthy(
+    dsn: str, pool: Pool
+) -> None:
+    clock = Clock()
+    sweeper = Sweeper(RunStore(pool), interval_s=1.0, failure_bound_s=60.0, clock=clock)
+    async with table_locked(dsn, "workflow_run"):
+        sweeping = asyncio.ensure_future(sweeper.sweep_once())
+        await asyncio.sleep(0.3)
+        assert not sweeping.done()
+        assert sweeper.health().healthy
+        clock.advance(61.0)
+        health = sweeper.health()
+        assert not health.healthy
+        assert health.detail["sweep_waiting_s"] == 61.0
+        assert health.summary.startswith("a sweep has waited 61s")
+    await sweeping
+    assert sweeper.health().healthy

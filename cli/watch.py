@@ -3,8 +3,9 @@
 It reads the API's event stream (``GET /v1/workflow-runs/{id}/events``), so it
 needs no Kafka client. A dropped connection (a worker restarting, say) is
 picked up again after the last event shown, so every event is printed once and
-in order. The exit status says how the job ended: 0 COMPLETED, 3 FAILED,
-4 DEAD, 5 CANCELLED; 1 is an error of the command itself.
+in order; a replica serving all the watchers it may (429) is asked again. The
+exit status says how the job ended: 0 COMPLETED, 3 FAILED, 4 DEAD,
+5 CANCELLED; 1 is an error of the command itself.
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ def cmd_watch(args: argparse.Namespace, out: Output) -> int:
                     else:
                         timeline.event(message.data)
         except CliError as exc:
-            if exc.code != "UNAVAILABLE":
+            # RESOURCE_EXHAUSTED: the replica serves all the watchers it may,
+            # and says to retry later.
+            if exc.code not in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
                 raise
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:

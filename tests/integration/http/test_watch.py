@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from cli.main import main as cli_main
 from store.progress import ProgressReport, ProgressStore
 from tests.integration.http.conftest import LiveApi, live, parked_job
 from tests.integration.streams.conftest import WEB_WORKFLOW
@@ -289,3 +290,26 @@ async def test_a_watcher_that_stops_reading_gives_its_place_back(live_api: LiveA
         assert watch.watchers == 0, "a client that reads nothing still holds its place"
     finally:
         client.close()
+
+
+async def test_wfjobs_watch_waits_for_a_place_when_the_watchers_are_full(
+    make_database: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with live({"DATABASE_URL": make_database(migrated=True), "WFJOBS_WATCH_MAX": "1"}) as api:
+        await store_review(api)
+        job_id = await parked_job(api)
+        monkeypatch.setenv("WFJOBS_TOKEN", api.auth["Authorization"].removeprefix("Bearer "))
+        watch = api.runtime.require_watch()
+        url = api.url + events_path(job_id)
+        async with api.session.get(url, headers=api.auth) as first:
+            assert first.status == 200 and watch.watchers == 1
+            # The server answers 429 "retry later": the command does, as it does
+            # for a stream that is cut, rather than give up on a live job.
+            command = asyncio.ensure_future(
+                asyncio.to_thread(cli_main, ["--url", api.url, "watch", job_id])
+            )
+            await asyncio.sleep(1.5)
+            assert not command.done(), capsys.readouterr().err
+        await api.runtime.require_control().cancel(uuid.UUID(job_id), reason="enough")
+        assert await asyncio.wait_for(command, timeout=20) == 5
+    assert "CANCELLED" in capsys.readouterr().out

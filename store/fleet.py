@@ -13,6 +13,7 @@ times.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,14 +98,26 @@ class WorkerLeases:
 
 
 class FleetStore:
-    def __init__(self, pool: Pool, *, timeout_s: float = 2.0) -> None:
-        """``timeout_s``: longest wait for a pooled connection; a scrape must not hang."""
+    def __init__(self, pool: Pool, *, timeout_s: float = 2.0, read_timeout_s: float = 8.0) -> None:
+        """``timeout_s``: longest wait for a pooled connection; ``read_timeout_s``:
+        longest a whole read may take (``TimeoutError``, an outage, past it).
+
+        A scrape must not hang, nor the fleet page: a statement the database
+        does not answer (behind a lock, or on a connection whose server went
+        without a word) would hold them for ever. The bound is below
+        Prometheus's default scrape timeout (10 s), so the scrape still gets
+        the process's own figures.
+        """
         self._pool = pool
         self._timeout_s = timeout_s
+        self._read_timeout_s = read_timeout_s
 
     async def read(self, owner: str | None = None) -> FleetCounts:
         """The figures of ``owner``'s jobs, or of every job (and the outbox) for ``None``."""
-        async with self._pool.connection(timeout=self._timeout_s) as conn:
+        async with (
+            asyncio.timeout(self._read_timeout_s),
+            self._pool.connection(timeout=self._timeout_s) as conn,
+        ):
             cursor = await conn.execute(FLEET_SQL, {"owner": owner})
             row = await cursor.fetchone()
         assert row is not None  # a SELECT without FROM always answers one row
@@ -120,7 +133,10 @@ class FleetStore:
         )
 
     async def workers(self) -> list[WorkerLeases]:
-        async with self._pool.connection(timeout=self._timeout_s) as conn:
+        async with (
+            asyncio.timeout(self._read_timeout_s),
+            self._pool.connection(timeout=self._timeout_s) as conn,
+        ):
             rows = await (await conn.execute(FLEET_WORKERS_SQL)).fetchall()
         return [WorkerLeases(str(w), int(n), first, last) for w, n, first, last in rows]
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import psycopg
 import pytest
 
+from store.errors import is_outage
 from store.fleet import FleetStore
 from store.pool import Pool
 from store.runs import RunStore
@@ -70,3 +75,22 @@ async def test_the_figures_are_what_the_tables_hold(pool: Pool, store: RunStore)
     own = await FleetStore(pool).read("nobody")
     assert set(own.jobs_by_status.values()) == {0} and own.oldest_queued_age_s is None
     assert (own.outbox_pending, own.outbox_failed, own.oldest_pending_age_s) == (0, 0, None)
+
+
+async def test_a_read_the_database_does_not_answer_gives_up_within_its_bound(
+    dsn: str, pool: Pool
+) -> None:
+    # Behind a lock (or on a connection whose server went without a word) the
+    # statement would wait for ever, and every scrape and fleet page with it.
+    fleet = FleetStore(pool, read_timeout_s=0.5)
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        await holder.execute("LOCK TABLE workflow_run IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(fleet.read(), timeout=10)
+        assert time.monotonic() - started < 3
+        assert is_outage(TimeoutError())
+        await holder.rollback()
+    # The connection it used went back to the pool in working order.
+    counts = await fleet.read()
+    assert dict(counts.jobs_by_status) == dict.fromkeys(STATUSES, 0)

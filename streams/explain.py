@@ -314,6 +314,11 @@ def _completed(answer: _Answer) -> None:
     answer.next("Nothing: COMPLETED is terminal.")
 
 
+# The outcomes of an attempt that ended with its job FAILED. After any other
+# (parked, requeued) the job failed while no worker held it.
+_FAILED_ATTEMPTS = frozenset({"FAILED", "DEADLINE_PASSED"})
+
+
 def _failed(answer: _Answer) -> None:
     job = answer.job
     last = _last(answer)
@@ -324,12 +329,25 @@ def _failed(answer: _Answer) -> None:
             failed_at=job.updated_at,
             error=job.error,
         )
-    elif last.outcome == "DEADLINE_PASSED" or last.error_class == "deadline":
+    elif last.outcome not in _FAILED_ATTEMPTS and job.verdict:
+        # Rejected while WAITING: the last attempt only parked the job.
+        answer.why(
+            f"Job {answer.id} FAILED at {when(job.updated_at)}: the response to step "
+            f"{job.outstanding_step!r} was rejected by its validate rules: {job.error}.",
+            failed_at=job.updated_at,
+            error=job.error,
+            error_class="verdict",
+            step=job.outstanding_step,
+            verdict=job.verdict,
+        )
+    elif last.outcome not in _FAILED_ATTEMPTS or last.outcome == "DEADLINE_PASSED":
+        # No worker held it (QUEUED or WAITING), or the deadline ended the
+        # attempt that did: the sweeper failed it, not a step.
         answer.why(
             f"Job {answer.id} FAILED at {when(job.updated_at)}: a deadline passed: {job.error}.",
             failed_at=job.updated_at,
             error=job.error,
-            error_class=last.error_class,
+            error_class="deadline",
         )
     else:
         on = f" on worker {last.worker}" if last.worker else ""

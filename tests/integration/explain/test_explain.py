@@ -274,3 +274,61 @@ async def test_an_unknown_job_and_a_bad_id_are_refused(served: Served) -> None:
     client, _ = served
     assert (await client.get(f"/v1/workflow-runs/{uuid.uuid4()}:explain")).status == 404
     assert (await client.get("/v1/workflow-runs/not-a-uuid:explain")).status == 400
+
+
+async def test_a_failure_while_no_worker_held_the_job_is_not_pinned_on_an_attempt(
+    served: Served,
+) -> None:
+    client, runtime = served
+    runs = _runs(runtime)
+    # Its whole-job deadline passes while it is parked on the review step.
+    parked = await parked_job(client, runtime, "parked past its deadline")
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": parked},
+        )
+    assert (await runs.sweep_deadlines()).job_deadlines == 1
+    job = await runs.get(uuid.UUID(parked))
+    assert job.status == "FAILED" and job.error is not None
+
+    answer = await _explain(client, parked)
+    why = _why(answer)
+    assert f"FAILED at {when(job.updated_at)}: a deadline passed: {job.error}." in why
+    assert "on worker" not in why and "classified None" not in why
+    assert answer["why"][0]["evidence"]["error_class"] == "deadline"
+
+    # Its deadline passes while it waits out a retry's backoff.
+    queued = await _submit(client, "in backoff past its deadline")
+    claimed = await runs.claim("worker-r")
+    assert claimed is not None and str(claimed.job_id) == queued
+    await runs.retry_or_die(claimed.lease, "UNAVAILABLE: embedder down")
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": queued},
+        )
+    assert (await runs.sweep_deadlines()).job_deadlines == 1
+    job = await runs.get(uuid.UUID(queued))
+    why = _why(await _explain(client, queued))
+    assert f"FAILED at {when(job.updated_at)}: a deadline passed: {job.error}." in why
+    assert "classified retryable" not in why
+
+    # A reviewer's response its validate rules reject.
+    rejected = await parked_job(client, runtime, "rejected by review")
+    response = await client.post(
+        f"/v1/workflow-runs/{rejected}/steps/review:complete",
+        json={"response": {"approved": False}},
+    )
+    assert (await response.json())["outcome"] == "REJECTED"
+    job = await runs.get(uuid.UUID(rejected))
+    answer = await _explain(client, rejected)
+    why = _why(answer)
+    assert (
+        f"FAILED at {when(job.updated_at)}: the response to step 'review' was rejected by "
+        f"its validate rules: {job.error}."
+    ) in why
+    assert "on worker" not in why
+    assert answer["why"][0]["evidence"]["error_class"] == "verdict"

@@ -455,6 +455,13 @@ def _resume_actions(answer: _Answer) -> None:
             "tells where that run is.",
             resumed_by=job.resumed_by,
         )
+        # A job is resumed once: another resume only answers that run, or 409.
+        answer.action(
+            "See where the run that resumes it stands.",
+            f"wfjobs explain {job.resumed_by}",
+            f"GET /v1/workflow-runs/{job.resumed_by}:explain",
+        )
+        return
     steps = [str(entry.get("name", "")) for entry in job.checkpoints]
     after = f" after its last checkpoint, step {steps[-1]!r}" if steps else " from its first step"
     answer.action(

@@ -332,3 +332,20 @@ async def test_a_failure_while_no_worker_held_the_job_is_not_pinned_on_an_attemp
     ) in why
     assert "on worker" not in why
     assert answer["why"][0]["evidence"]["error_class"] == "verdict"
+
+
+async def test_a_job_already_resumed_offers_its_run_not_another_resume(served: Served) -> None:
+    client, runtime = served
+    job_id = await parked_job(client, runtime, "resumed once")
+    await runtime.require_control().cancel(uuid.UUID(job_id), reason="wrong reviewer")
+    response = await client.post(f"/v1/workflow-runs/{job_id}:resume", json={})
+    assert response.status == 201, await response.text()
+    run = (await response.json())["job"]["job_id"]
+
+    answer = await _explain(client, job_id)
+    assert f"It was already resumed by job {run}" in _next(answer)
+    assert _commands(answer) == [f"wfjobs explain {run}"]
+    assert answer["actions"][0]["http"] == f"GET /v1/workflow-runs/{run}:explain"
+    # What the resume actions would have offered changes nothing.
+    again = await client.post(f"/v1/workflow-runs/{job_id}:resume", json={"from_step": "embed"})
+    assert again.status == 200 and (await again.json())["job"]["job_id"] == run

@@ -298,11 +298,13 @@ class ControlStore:
         definition_hash: str,
         new_definition: bool,
         max_attempts: int | None = None,
+        deadline_ms: int | None = None,
     ) -> Resumed:
         """A new QUEUED run ``job_id`` of the ended job ``original``, linked both ways.
 
         The run takes the original's input and its first ``keep`` checkpoints,
-        ``owner`` as its owner, ``max_attempts`` (None: the original's), and
+        ``owner`` as its owner, ``max_attempts`` (None: the original's), a
+        whole-job deadline ``deadline_ms`` from now (None: none), and
         names the snapshot ``definition_hash``: the original's, or (with
         ``new_definition``) ``definition``, stored once under that hash. The
         original gets only ``resumed_by``. The run's ACCEPTED event (with
@@ -357,6 +359,7 @@ class ControlStore:
                     "owner": owner,
                     "keep": keep,
                     "max_attempts": max_attempts,
+                    "deadline_ms": deadline_ms,
                     "definition_hash": definition_hash,
                     "definition": Jsonb(definition) if new_definition else None,
                     "accepted_payload": encode_event_within(accepted, self.max_event_bytes),

@@ -182,11 +182,12 @@ WITH snapshot_lock AS (
     ON CONFLICT (hash) DO NOTHING
 ), inserted AS (
     INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status, attempt,
-                              max_attempts, run_after, owner, checkpoints, resumed_from,
-                              traceparent, tracestate)
+                              max_attempts, run_after, owner, deadline_at, checkpoints,
+                              resumed_from, traceparent, tracestate)
     SELECT %(job_id)s, o.workflow_name, %(definition_hash)s, o.input,
            {status_literal(Status.QUEUED)}, 0,
            coalesce(%(max_attempts)s, o.max_attempts), now(), %(owner)s,
+           now() + %(deadline_ms)s::bigint * interval '1 millisecond',
            coalesce((SELECT jsonb_agg(kept.entry ORDER BY kept.position)
                        FROM jsonb_array_elements(o.checkpoints)
                             WITH ORDINALITY AS kept(entry, position)

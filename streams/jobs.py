@@ -630,6 +630,8 @@ class Jobs:
                 definition_hash=compiled.definition_hash,
                 new_definition=use_current_definition,
                 max_attempts=max_attempts or None,
+                # The run has the time the job was given, counted from now.
+                deadline_ms=_deadline_span_ms(original) or compiled.job_deadline_ms,
             )
         resumed = _resumed_before(resumed, original.job_id, owner)
         if resumed.created:
@@ -857,6 +859,13 @@ async def _replay_fits(compiled: Any, original: Job, keep: int) -> None:
             f"use_current_definition: the checkpoints of job {original.job_id} do not fit the "
             f"current definition of workflow {compiled.name!r}: {failure}"
         ) from None
+
+
+def _deadline_span_ms(job: Job) -> int | None:
+    """The whole-job deadline ``job`` was submitted with, in ms; None when it had none."""
+    if job.deadline_at is None:
+        return None
+    return round((job.deadline_at - job.created_at).total_seconds() * 1000)
 
 
 def _resumed_before(resumed: Resumed, original_id: uuid.UUID, owner: str | None) -> Resumed:

@@ -430,3 +430,30 @@ async def test_a_resumed_run_continues_the_trace_of_the_job_it_resumes(dsn: str)
         run = await runs.get(resumed["job"]["job_id"])
         assert run.resumed_from is not None and str(run.resumed_from) == original_id
         assert run.traceparent == traceparent
+
+
+async def test_a_resumed_run_has_the_whole_job_deadline_the_job_was_given(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        await put_workflow(client, {**WEB_WORKFLOW, "name": "timed", "jobDeadlineMs": 90_000})
+        runs = runtime.require_runs()
+        # Its own deadline_ms; the definition's jobDeadlineMs; none at all.
+        own = await _submit(client, "own deadline", deadline_ms=60_000)
+        response = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "timed", "input": {"text": "defined"}}
+        )
+        assert response.status == 201, await response.text()
+        by_definition = (await _json(response))["job"]["job_id"]
+        without = await _submit(client, "no deadline")
+
+        for job_id, span_s in ((own, 60), (by_definition, 90), (without, None)):
+            await runtime.require_control().cancel(uuid.UUID(job_id))
+            response = await _resume(client, job_id)
+            assert response.status == 201, await response.text()
+            run = await runs.get(uuid.UUID((await _json(response))["job"]["job_id"]))
+            if span_s is None:
+                assert run.deadline_at is None
+            else:
+                # Counted from the resume, as a submit counts it.
+                assert run.deadline_at is not None
+                assert (run.deadline_at - run.created_at).total_seconds() == span_s

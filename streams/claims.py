@@ -924,7 +924,9 @@ class ClaimLoops(mode.Service):
                 await self._runs.fail(lease, error=exc.message)
                 self.stats.failed += 1
             except LeaseLost:
-                self.stats.lease_lost += 1
+                # Refused by the fence, as every write is once a cancel was asked.
+                if not await self._cancelled_instead(lease):
+                    self.stats.lease_lost += 1
             except Exception as again:
                 await self._settle_error(lease, again)
         except Exception as exc:
@@ -1030,7 +1032,8 @@ class ClaimLoops(mode.Service):
         try:
             outcome = await self._runs.retry_or_die(lease, f"could not settle: {reason}")
         except LeaseLost:
-            self.stats.lease_lost += 1
+            if not await self._cancelled_instead(lease):
+                self.stats.lease_lost += 1
         except Exception as again:
             log.warning(
                 "job %s: %s: %s; the sweeper will requeue it when the lease expires",

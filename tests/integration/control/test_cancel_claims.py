@@ -13,7 +13,7 @@ from store.control import ControlStore
 from store.pool import Pool, open_pool
 from store.runs import RunStore
 from tests.integration.streams.test_claims import Harness
-from tests.workflows_fixtures import TOKENIZE, CallLog, envelope, make_registry
+from tests.workflows_fixtures import REVIEW, TOKENIZE, CallLog, envelope, make_registry
 from workflows.invokers import StepContext
 
 OUTBOX_SQL = "SELECT event_type FROM workflow_run_events_outbox WHERE job_id = %s ORDER BY id"
@@ -102,3 +102,32 @@ async def test_the_heartbeat_stops_a_sleeping_step_and_the_runner_settles_cancel
     assert job.checkpoints == ()
     assert await kinds(pool, job_id) == ["ACCEPTED", "CANCELLED"]
     assert loops.stats.cancelled == 1
+
+
+async def test_a_cancel_landing_before_a_settle_the_database_refuses_is_still_settled(
+    pool: Pool,
+) -> None:
+    """The last step's response cannot be stored (U+0000 in a string): the
+    settle's fallback, failing the job, meets the cancel's fence instead, and
+    the runner settles the cancel then, not the sweeper once the lease passes."""
+    runs = RunStore(pool, retry_base_s=0.05, lease_s=30.0)
+    control = ControlStore.beside(runs)
+    registry = make_registry(CallLog())
+
+    async def unstorable_review(request: Any, ctx: StepContext) -> Any:
+        result = await control.cancel(uuid.UUID(ctx.job_id), reason="mid-review")
+        assert result.outcome == "CANCEL_REQUESTED"
+        return {"approved": True, "reviewer": "a\x00b"}
+
+    registry.register(REVIEW, unstorable_review, replace=True)
+    harness = Harness(runs, registry, CallLog())
+    job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "a b"})
+    loops = harness.loops(heartbeat_s=20.0, hold_back_last_checkpoint=True)
+    await loops.start()
+    try:
+        job = await harness.wait_status(job_id, "CANCELLED", timeout_s=5.0)
+    finally:
+        await loops.stop()
+    assert job.cancel_reason == "mid-review"
+    assert (await kinds(pool, job_id))[-1] == "CANCELLED"
+    assert (loops.stats.cancelled, loops.stats.lease_lost) == (1, 0)

@@ -49,7 +49,7 @@ from schemas.contract import (
     parse_job_id,
     refuse_oversize,
 )
-from schemas.errors import InvalidArgument, LeaseLost, NotFound
+from schemas.errors import EventTooLarge, InvalidArgument, LeaseLost, NotFound
 from schemas.event_wire import accepted_bytes, completed_bytes, step_checkpoint_bytes
 from store.deadline_sql import (
     DEADLINE_FAIL_SQL,
@@ -927,6 +927,7 @@ class RunStore:
                 if job_id in passed:
                     continue
                 fallback = fallback_of(definition or {}, step) if fallback_of else None
+                not_taken = ""
                 if fallback is not None:
                     event = build_event(
                         job_id=job_id,
@@ -937,14 +938,21 @@ class RunStore:
                         step_name=step,
                         response=fallback,
                     )
-                    entry = {"name": step, "skipped": False, "response": dict(fallback)}
-                    fallback_ids.append(job_id)
-                    fallback_entries.append(json.dumps(entry, separators=(",", ":")))
-                    fallback_payloads.append(self._encode(event))
-                    continue
+                    try:
+                        payload = self._encode(event)
+                    except EventTooLarge as exc:
+                        # Refused on every pass: raised, it would stop every
+                        # sweep. The job fails as a step's oversized response does.
+                        not_taken = f"; its fallback was not taken: {exc.message}"
+                    else:
+                        entry = {"name": step, "skipped": False, "response": dict(fallback)}
+                        fallback_ids.append(job_id)
+                        fallback_entries.append(json.dumps(entry, separators=(",", ":")))
+                        fallback_payloads.append(payload)
+                        continue
                 error = self._event_text(
                     f"step {step!r} was not completed before its timeout passed at "
-                    f"{step_deadline_at.isoformat()}"
+                    f"{step_deadline_at.isoformat()}{not_taken}"
                 )
                 event = build_event(
                     job_id=job_id,

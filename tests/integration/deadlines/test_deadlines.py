@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from schemas.contract import EventType, decode_event
+from schemas.contract import MIN_EVENT_BYTES, EventType, decode_event
 from schemas.errors import LeaseLost
 from store.outbox import Outbox
 from store.records import ClaimedJob
 from store.runs import RunStore
 from streams.runtime import Runtime
 from streams.sweeper import Sweeper
+from tests.integration.deadlines.conftest import timed_workflow
+from tests.integration.streams.conftest import put_workflow
 from tests.workflows_fixtures import tokenize_ids
 
 App = tuple[TestClient[Any, Any], Runtime]
@@ -200,3 +202,40 @@ async def test_a_step_timeout_takes_the_declared_fallback_through_the_sweeper(
     checkpoint = (await _events(runtime, job_id))[-1]
     assert _type(checkpoint) == "STEP_CHECKPOINT" and checkpoint.step_name == "review"
     assert sweeper.health().detail["step_fallbacks_taken"] == 1
+
+
+async def test_a_fallback_too_large_for_an_event_fails_the_job_and_the_sweep_goes_on(
+    app: App,
+) -> None:
+    client, runtime = app
+    runs = runtime.require_runs()
+    await put_workflow(
+        client,
+        timed_workflow(
+            "big-fallback",
+            timeoutMs=60_000,
+            fallback={"approved": True, "reviewer": "x" * (MIN_EVENT_BYTES + 1000)},
+        ),
+    )
+    big = (await _submit(client, "big-fallback"))["job_id"]
+    await _park(runs, big)
+    other = (await _submit(client, "timed"))["job_id"]
+    await _park(runs, other)
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET step_deadline_at = now() - interval '1 second'"
+            " WHERE job_id = ANY(%(job_ids)s)",
+            {"job_ids": [big, other]},
+        )
+    # A process whose events are held to the smallest limit.
+    small = RunStore(runs.pool, max_event_bytes=MIN_EVENT_BYTES)
+    swept = await small.sweep_deadlines(fallback_of=runtime.step_fallback)
+    assert (swept.step_timeouts, swept.fallbacks) == (2, 0)
+
+    job = await runs.get(big)
+    assert job.status == "FAILED"
+    assert job.error is not None and "step 'review'" in job.error
+    assert "its fallback was not taken" in job.error and "WFJOBS_MAX_EVENT_BYTES" in job.error
+    failed = (await _events(runtime, big))[-1]
+    assert _type(failed) == "FAILED" and (failed.deadline, failed.step_name) == ("step", "review")
+    assert (await runs.get(other)).status == "FAILED"

@@ -250,11 +250,18 @@ def _running(answer: _Answer) -> None:
             cancel_requested_at=job.cancel_requested_at,
             cancel_reason=job.cancel_reason,
         )
-        answer.next(
-            f"Worker {worker} sees the request on its next heartbeat, stops the step and "
-            "settles the job CANCELLED; if it cannot, the sweeper does once the lease passes.",
-            worker=worker,
-        )
+        if job.lease_until is not None and job.lease_until >= facts.now:
+            answer.next(
+                f"Worker {worker} sees the request on its next heartbeat, stops the step and "
+                "settles the job CANCELLED; if it cannot, the sweeper does once the lease passes.",
+                worker=worker,
+            )
+        else:
+            answer.next(
+                f"The lease has passed: the sweeper settles the job CANCELLED on its next pass "
+                f"(every {facts.sweep_interval_s:g}s).",
+                sweep_interval_s=facts.sweep_interval_s,
+            )
     _deadline(answer)
     if job.cancel_requested_at is None:
         _cancel_action(answer)
@@ -278,7 +285,14 @@ def _waiting(answer: _Answer) -> None:
             f"The step's reviewer is asked: {_compact(job.review_request)}.",
             review_request=_compact(job.review_request),
         )
-    if job.step_deadline_at is not None:
+    if job.step_deadline_at is not None and job.step_deadline_at <= answer.facts.now:
+        answer.next(
+            f"Its step deadline passed at {answer.at(job.step_deadline_at)}: the sweeper fails "
+            "the job (or takes the step's declared fallback) on its next pass (every "
+            f"{answer.facts.sweep_interval_s:g}s), unless someone completes step {step!r} first.",
+            step_deadline=job.step_deadline_at,
+        )
+    elif job.step_deadline_at is not None:
         answer.next(
             f"Nothing happens until someone completes step {step!r}; its step deadline passes "
             f"at {answer.at(job.step_deadline_at)}, and then the job fails (or takes the "
@@ -431,7 +445,13 @@ _STATES = {
 
 def _deadline(answer: _Answer) -> None:
     deadline = answer.job.deadline_at
-    if deadline is not None:
+    if deadline is not None and deadline <= answer.facts.now:
+        answer.next(
+            f"Its whole-job deadline passed at {answer.at(deadline)}: the sweeper fails it on "
+            f"its next pass (every {answer.facts.sweep_interval_s:g}s).",
+            deadline=deadline,
+        )
+    elif deadline is not None:
         answer.next(
             f"Its whole-job deadline passes at {answer.at(deadline)}; if it is not done by "
             "then, the sweeper fails it.",

@@ -349,3 +349,34 @@ async def test_a_job_already_resumed_offers_its_run_not_another_resume(served: S
     # What the resume actions would have offered changes nothing.
     again = await client.post(f"/v1/workflow-runs/{job_id}:resume", json={"from_step": "embed"})
     assert again.status == 200 and (await again.json())["job"]["job_id"] == run
+
+
+async def test_a_lease_or_deadline_already_past_is_left_to_the_sweepers_next_pass(
+    served: Served,
+) -> None:
+    client, runtime = served
+    runs = _runs(runtime)
+    # Asked to cancel, and its worker let the lease pass: nobody renews it any more.
+    running = await _submit(client, "gone quiet")
+    claimed = await runs.claim("worker-quiet")
+    assert claimed is not None
+    await runtime.require_control().cancel(claimed.job_id, reason="stuck")
+    await age_rows(runs.pool, runs.lease_s + 30, claimed.job_id)
+    answer = await _explain(client, running)
+    assert "sees the request on its next heartbeat" not in _next(answer)
+    assert "the sweeper settles the job CANCELLED on its next pass" in _next(answer)
+
+    # Parked, with both its step deadline and its whole-job deadline behind it.
+    waiting = await parked_job(client, runtime, "deadlines behind it")
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET step_deadline_at = now() - interval '2 seconds',"
+            " deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
+            {"job_id": waiting},
+        )
+    job = await runs.get(uuid.UUID(waiting))
+    assert job.step_deadline_at is not None and job.deadline_at is not None
+    following = _next(await _explain(client, waiting))
+    assert f"Its step deadline passed at {when(job.step_deadline_at)}" in following
+    assert f"Its whole-job deadline passed at {when(job.deadline_at)}" in following
+    assert "passes at" not in following

@@ -487,7 +487,8 @@ def _resume_actions(answer: _Answer) -> None:
     answer.action(
         f"Resume it as a new linked job that keeps its checkpoints and runs on{after}.",
         f"wfjobs resume {answer.id}",
-        f"POST /v1/workflow-runs/{answer.id}:resume",
+        # The verb takes a body even when it names no option.
+        f"POST /v1/workflow-runs/{answer.id}:resume {{}}",
     )
     if steps:
         answer.action(

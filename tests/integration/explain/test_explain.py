@@ -380,3 +380,20 @@ async def test_a_lease_or_deadline_already_past_is_left_to_the_sweepers_next_pas
     assert f"Its step deadline passed at {when(job.step_deadline_at)}" in following
     assert f"Its whole-job deadline passed at {when(job.deadline_at)}" in following
     assert "passes at" not in following
+
+
+async def test_the_http_resume_an_ended_job_is_offered_runs_as_written(served: Served) -> None:
+    client, runtime = served
+    runs = _runs(runtime)
+    job_id = await _submit(client, "run the action")
+    claimed = await runs.claim("worker-h")
+    assert claimed is not None
+    await runs.fail(claimed.lease, error="step 'embed': mapping broke")
+
+    [action] = (await _explain(client, job_id))["actions"]
+    assert action["command"] == f"wfjobs resume {job_id}"
+    method, path, *body = action["http"].split(" ", 2)
+    response = await client.request(
+        method, path, data=body[0] if body else None, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 201, (action["http"], await response.text())

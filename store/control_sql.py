@@ -52,10 +52,11 @@ SELECT {PLAIN_COLUMNS} FROM changed
 
 # A RUNNING job is its worker's: the request is recorded, the worker reads it
 # on its next renewal, stops the segment and settles CANCELLED. The first
-# request's time and reason stand.
+# request's time and reason stand. ``updated_at`` is left alone: on a RUNNING
+# row it is when its worker was last heard from, which the request is not.
 REQUEST_CANCEL_SQL = f"""
 UPDATE workflow_run AS r
-   SET cancel_requested_at = now(), cancel_reason = %(reason)s, updated_at = now()
+   SET cancel_requested_at = now(), cancel_reason = %(reason)s
  WHERE r.job_id = ANY(%(job_ids)s::uuid[]) AND r.status = {status_literal(CANCEL_RUNNING[0])}
    AND r.cancel_requested_at IS NULL
 RETURNING {job_columns("r")}

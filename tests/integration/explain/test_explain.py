@@ -397,3 +397,26 @@ async def test_the_http_resume_an_ended_job_is_offered_runs_as_written(served: S
         method, path, data=body[0] if body else None, headers={"Content-Type": "application/json"}
     )
     assert response.status == 201, (action["http"], await response.text())
+
+
+async def test_a_cancel_request_does_not_pass_for_word_from_the_worker(served: Served) -> None:
+    client, runtime = served
+    runs = _runs(runtime)
+    job_id = await _submit(client, "silent worker")
+    claimed = await runs.claim("worker-silent")
+    assert claimed is not None
+    # The worker was last heard from ten minutes ago.
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET updated_at = now() - interval '10 minutes'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": claimed.job_id},
+        )
+    heard = (await runs.get(claimed.job_id)).updated_at
+    result = await runtime.require_control().cancel(claimed.job_id, reason="stuck")
+    assert result.outcome == "CANCEL_REQUESTED"
+    assert result.job.updated_at == heard
+
+    answer = await _explain(client, job_id)
+    assert f"last heard from at {when(heard)}" in _why(answer)
+    assert answer["why"][0]["evidence"]["last_heartbeat"] == when(heard)

@@ -39,12 +39,13 @@ SELECT job_id, workflow_name, status, attempt, deadline_at, outstanding_step
  FOR UPDATE SKIP LOCKED
 """
 
-# Served by workflow_run_step_deadline_idx. The definition comes along: a step
-# may declare a fallback, and only the snapshot says so.
+# Served by workflow_run_step_deadline_idx. The snapshot's hash comes along: a
+# step may declare a fallback, and only the snapshot says so. The caller reads
+# each snapshot once (``store.run_sql.SELECT_SNAPSHOTS_SQL``), however many of
+# the rows name it.
 SELECT_STEP_DEADLINES_SQL = f"""
 SELECT r.job_id, r.workflow_name, r.attempt, r.step_deadline_at, r.outstanding_step,
-       (SELECT s.definition FROM workflow_definition_snapshot AS s
-         WHERE s.hash = r.definition_hash)
+       r.definition_hash
   FROM workflow_run AS r
  WHERE r.status = {_WAITING} AND r.step_deadline_at IS NOT NULL
    AND r.step_deadline_at <= {_NOW}

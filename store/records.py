@@ -186,8 +186,9 @@ class DeadlineSweep:
     fallbacks: int = 0
 
 
-# A parked step's declared fallback, if any: (definition snapshot, step name) -> response.
-FallbackLookup = Callable[[Mapping[str, Any], str], Mapping[str, Any] | None]
+# A parked step's declared fallback, if any:
+# (definition snapshot, its hash, step name) -> response.
+FallbackLookup = Callable[[Mapping[str, Any], str, str], Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True, slots=True)

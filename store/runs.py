@@ -921,12 +921,20 @@ class RunStore:
                 failed_payloads.append(self._encode(event))
                 job_deadlines += 1
             passed = set(failed_ids)
-            for job_id, name, attempt, step_deadline_at, step, definition in await (
-                await conn.execute(SELECT_STEP_DEADLINES_SQL, params)
-            ).fetchall():
+            timed_out = await (await conn.execute(SELECT_STEP_DEADLINES_SQL, params)).fetchall()
+            snapshots: dict[str, dict[str, Any]] = {}
+            if fallback_of is not None and timed_out:
+                # Once per snapshot: a burst of timeouts mostly shares one.
+                cursor = await conn.execute(
+                    SELECT_SNAPSHOTS_SQL, {"hashes": list({row[-1] for row in timed_out})}
+                )
+                snapshots = {str(digest): found for digest, found in await cursor.fetchall()}
+            for job_id, name, attempt, step_deadline_at, step, digest in timed_out:
                 if job_id in passed:
                     continue
-                fallback = fallback_of(definition or {}, step) if fallback_of else None
+                fallback = (
+                    fallback_of(snapshots.get(digest, {}), digest, step) if fallback_of else None
+                )
                 not_taken = ""
                 if fallback is not None:
                     event = build_event(

@@ -22,6 +22,7 @@ from streams.runtime import Runtime
 from streams.sweeper import Sweeper
 from tests.integration.deadlines.conftest import timed_workflow
 from tests.integration.streams.conftest import put_workflow
+from tests.loop_gaps import with_longest_gap
 from tests.workflows_fixtures import tokenize_ids
 
 App = tuple[TestClient[Any, Any], Runtime]
@@ -239,3 +240,24 @@ async def test_a_fallback_too_large_for_an_event_fails_the_job_and_the_sweep_goe
     failed = (await _events(runtime, big))[-1]
     assert _type(failed) == "FAILED" and (failed.deadline, failed.step_name) == ("step", "review")
     assert (await runs.get(other)).status == "FAILED"
+
+
+async def test_a_pass_over_many_timed_out_steps_reads_their_definition_once(app: App) -> None:
+    # Each job names its snapshot by hash; read and hashed per job, a pass over
+    # a burst of timeouts held the loop (and the rows' locks) for as many copies.
+    client, runtime = app
+    runs = runtime.require_runs()
+    job_id = (await _submit(client, "fallback"))["job_id"]
+    await _park(runs, job_id)
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input, status,"
+            " attempt, max_attempts, run_after, outstanding_step, checkpoints, step_deadline_at)"
+            " SELECT gen_random_uuid(), workflow_name, definition_hash, input, status, attempt,"
+            " max_attempts, run_after, outstanding_step, checkpoints, now() - interval '1 second'"
+            " FROM workflow_run, generate_series(1, 600) WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    swept, longest = await with_longest_gap(runs.sweep_deadlines(fallback_of=runtime.step_fallback))
+    assert swept.fallbacks == 600
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"

@@ -29,6 +29,11 @@ CANCEL_RUNNING = transition(Status.RUNNING, Status.CANCELLED)
 _AT_ONCE = f"{status_literal(CANCEL_QUEUED[0])}, {status_literal(CANCEL_WAITING[0])}"
 _LIVE = f"{_AT_ONCE}, {status_literal(CANCEL_RUNNING[0])}"
 
+# What a cancel answers with is the job as the API shows it, which holds no
+# definition: a bulk cancel changes 500 rows a statement, and reading each
+# one's snapshot back would ship that many copies of it.
+_NO_DEFINITION = "NULL::jsonb"
+
 # A QUEUED or WAITING job has no worker: it is CANCELLED here, with its event.
 # The caller holds the rows' locks (it read their status to build the events),
 # so the status condition only guards a caller's mistake. Everything else the
@@ -42,7 +47,7 @@ WITH asked AS (
            cancel_reason = %(reason)s, updated_at = now()
       FROM asked
      WHERE r.job_id = asked.job_id AND r.status IN ({_AT_ONCE})
-    RETURNING {job_columns("r")}
+    RETURNING {job_columns("r", definition=_NO_DEFINITION)}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT asked.job_id, %(event_type)s, asked.payload FROM asked JOIN changed USING (job_id)
@@ -59,7 +64,7 @@ UPDATE workflow_run AS r
    SET cancel_requested_at = now(), cancel_reason = %(reason)s
  WHERE r.job_id = ANY(%(job_ids)s::uuid[]) AND r.status = {status_literal(CANCEL_RUNNING[0])}
    AND r.cancel_requested_at IS NULL
-RETURNING {job_columns("r")}
+RETURNING {job_columns("r", definition=_NO_DEFINITION)}
 """
 
 # What the worker's settle reads under the row lock: the row must still be

@@ -25,7 +25,8 @@ from streams.auth import CANCEL, COMPLETE, READ, SUBMIT
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import bearer, parked_job, put_workflow, serve
 from tests.integration.streams.test_cli_verbs import Wfjobs
-from tests.workflows_fixtures import tokenize_ids
+from tests.loop_gaps import with_longest_gap
+from tests.workflows_fixtures import envelope, tokenize_ids
 
 OUTBOX_SQL = """
 SELECT event_type, payload FROM workflow_run_events_outbox WHERE job_id = %(job_id)s ORDER BY id
@@ -477,3 +478,36 @@ async def test_wfjobs_cancel_one_job_and_by_filter(
         assert code == 1 and "name a job id, or --status" in err
         code, _, err = await wfjobs("cancel", second, "--status", "QUEUED")
         assert code == 1 and "not both" in err
+
+
+async def test_a_bulk_cancel_does_not_read_back_each_jobs_definition(dsn: str) -> None:
+    # A large definition (a 500 kB fallback) shared by 300 jobs: read back with
+    # every changed row, a batch shipped 300 copies and held the loop to parse them.
+    big = envelope(name="big-definition")
+    big["steps"][2].update(timeoutMs=60_000, fallback={"approved": True, "note": "x" * 500_000})
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        _, control, pool = stores(runtime)
+        await put_workflow(client, big)
+        response = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "big-definition", "input": {"text": "a"}}
+        )
+        assert response.status == 201, await response.text()
+        job_id = (await response.json())["job"]["job_id"]
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO workflow_run (job_id, workflow_name, definition_hash, input,"
+                " status, attempt, max_attempts, run_after)"
+                " SELECT gen_random_uuid(), workflow_name, definition_hash, input, status,"
+                " attempt, max_attempts, run_after"
+                " FROM workflow_run, generate_series(1, 299) WHERE job_id = %(job_id)s",
+                {"job_id": job_id},
+            )
+        done, longest = await with_longest_gap(
+            control.cancel_many(CancelFilter(workflow_name="big-definition"))
+        )
+        assert len(done.cancelled) == 300
+        assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+        # One job's cancel still answers the job as the API shows it.
+        status, body = await cancel(client, job_id)
+        assert (status, body["outcome"]) == (200, "ALREADY_CANCELLED")
+        assert body["job"]["input"] == {"text": "a", "fail": "", "embed_fail": "", "delay_ms": 0}

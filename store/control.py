@@ -340,7 +340,7 @@ class ControlStore:
             locked = await cursor.fetchone()
             if locked is None:
                 raise NotFound(f"job {original.job_id} not found")
-            status, resumed_by = locked
+            status, resumed_by, cancel_requested_at = locked
             if resumed_by is not None:
                 if resumed_by != job_id:
                     raise already_resumed(original.job_id, resumed_by)
@@ -350,7 +350,7 @@ class ControlStore:
                     raise NotFound(f"job {job_id}, which resumed job {original.job_id}, is gone")
                 return Resumed(job_from_row(existing), created=False)
             if Status(status) not in RESUMABLE:
-                raise not_resumable(original.job_id, status)
+                raise not_resumable(original.job_id, status, cancel_requested_at)
             cursor = await conn.execute(
                 RESUME_SQL,
                 {
@@ -466,10 +466,18 @@ def resume_job_id(original_id: UUID, request_key: str) -> UUID:
     return uuid.uuid5(original_id, request_key)
 
 
-def not_resumable(job_id: UUID, status: str) -> FailedPrecondition:
-    """The refusal of a resume of a job in ``status``, saying what to do instead."""
+def not_resumable(
+    job_id: UUID, status: str, cancel_requested_at: datetime | None = None
+) -> FailedPrecondition:
+    """The refusal of a resume of a job in ``status``, saying what to do instead;
+    ``cancel_requested_at``: when it was asked to cancel, if it was."""
     if status == Status.COMPLETED:
         advice = "it completed; submit a new job to run the workflow again"
+    elif cancel_requested_at is not None:
+        advice = (
+            f"it was asked to cancel at {cancel_requested_at.isoformat()} and is CANCELLED "
+            "once its worker (or the sweeper) settles it: resume it then"
+        )
     else:
         advice = f"it has not ended; cancel it first (wfjobs cancel {job_id})"
     return FailedPrecondition(

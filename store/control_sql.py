@@ -165,7 +165,8 @@ def cancel_candidates_sql(*, by_status: bool, by_name: bool, by_owner: bool, bef
 # same job (the same request key or another) waits here, then finds the link
 # the first one wrote.
 LOCK_RESUMABLE_SQL = """
-SELECT status, resumed_by FROM workflow_run WHERE job_id = %(original_id)s FOR UPDATE
+SELECT status, resumed_by, cancel_requested_at FROM workflow_run
+ WHERE job_id = %(original_id)s FOR UPDATE
 """
 
 # The new run, its link on the original and both events, in one statement. The

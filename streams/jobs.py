@@ -593,7 +593,7 @@ class Jobs:
             if original.resumed_by is not None:
                 raise already_resumed(original.job_id, original.resumed_by)
             if original.status not in RESUMABLE:
-                raise not_resumable(original.job_id, original.status)
+                raise not_resumable(original.job_id, original.status, original.cancel_requested_at)
             if use_current_definition:
                 definition = await self._current_definition(original)
                 compiled = await self._runtime.compile_submitted(definition)

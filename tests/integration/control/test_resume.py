@@ -457,3 +457,20 @@ async def test_a_resumed_run_has_the_whole_job_deadline_the_job_was_given(dsn: s
                 # Counted from the resume, as a submit counts it.
                 assert run.deadline_at is not None
                 assert (run.deadline_at - run.created_at).total_seconds() == span_s
+
+
+async def test_a_job_being_cancelled_is_not_sent_to_cancel_again(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client)
+        job_id = await _submit(client, "being cancelled")
+        claimed = await runtime.require_runs().claim("resume-test")
+        assert claimed is not None and str(claimed.job_id) == job_id
+        asked = await runtime.require_control().cancel(claimed.job_id, reason="wrong input")
+        assert asked.outcome == "CANCEL_REQUESTED" and asked.job.cancel_requested_at is not None
+
+        response = await _resume(client, job_id)
+        body = await _json(response)
+        assert response.status == 409 and body["code"] == "FAILED_PRECONDITION"
+        assert "is RUNNING" in body["message"]
+        assert f"asked to cancel at {asked.job.cancel_requested_at.isoformat()}" in body["message"]
+        assert "wfjobs cancel" not in body["message"]

@@ -23,7 +23,7 @@ reaches only that principal's jobs.
 The offset is acknowledged once the result is acknowledged by the broker. A
 store, registry or broker outage is waited out on the same message; a crash
 between the completion and its result replays the message, which then answers
-ALREADY_DONE.
+ALREADY_DONE (WRONG_STATE after a REJECTED one: its job has FAILED).
 """
 
 from __future__ import annotations

@@ -112,6 +112,9 @@ async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
 
     rejected = await handler.handle(completion(job_id, approved=False, reviewer="bob"))
     assert rejected.outcome == Outcome.REJECTED
+    # Replayed, as after a crash before its result was acknowledged: the job has FAILED.
+    replayed = await handler.handle(completion(job_id, approved=False, reviewer="bob"))
+    assert replayed.outcome == Outcome.WRONG_STATE and "is FAILED" in replayed.message
 
 
 async def test_the_result_is_published_and_an_outage_is_waited_out(

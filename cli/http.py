@@ -2,7 +2,8 @@
 
 Every call carries the token ``find_token`` finds: ``WFJOBS_TOKEN``, else the
 file ``WFJOBS_TOKEN_FILE`` names, else the development token ``wfjobs dev``
-wrote under ``.wfjobs-dev`` in the current directory.
+wrote under ``.wfjobs-dev`` in the current directory, and only to the origin of
+``--url``: a redirect to another scheme, host or port is followed without it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,40 @@ TOKEN_ENV = "WFJOBS_TOKEN"
 TOKEN_FILE_ENV = "WFJOBS_TOKEN_FILE"
 # How much of an error answer that is not the API's own JSON is shown.
 _MAX_DETAIL = 300
+
+
+class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows redirects as urllib does, but sends the token only to the origin it
+    was meant for: urllib copies every header to wherever a redirect points."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        follow = super().redirect_request(req, fp, code, msg, headers, newurl)
+        here = _origin(req.full_url)
+        if follow is not None and (here is None or _origin(follow.full_url) != here):
+            follow.remove_header("Authorization")
+        return follow
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """Scheme, host and port of ``url``; None when its port cannot be read."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port or default
+
+
+_OPENER = urllib.request.build_opener(_TokenStaysHome())
 
 
 def find_token(environ: Mapping[str, str] | None = None) -> str:
@@ -144,7 +179,7 @@ class ApiClient:
 
     def _open(self, request: urllib.request.Request, timeout_s: float) -> Any:
         try:
-            return urllib.request.urlopen(request, timeout=timeout_s)
+            return _OPENER.open(request, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
             error = _http_error(exc)
             if error.code == "UNAUTHENTICATED" and not self.token:

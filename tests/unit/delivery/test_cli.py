@@ -511,3 +511,55 @@ def test_an_empty_job_id_is_refused_not_replaced_by_a_new_one(
     code, out, err = run(capsys, *argv)
     assert (code, out) == (1, "")
     assert err.startswith("INVALID_ARGUMENT: ") and "job id must be a UUID, got ''" in err, err
+
+
+class _Elsewhere(http.server.BaseHTTPRequestHandler):
+    """Another origin: records the Authorization header of every request it gets."""
+
+    seen: list[str | None] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"code": "NOT_FOUND", "message": "not here"}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _redirecting_to(
+    target: str, seen: list[str | None]
+) -> type[http.server.BaseHTTPRequestHandler]:
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(302)
+            self.send_header("Location", target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Redirecting
+
+
+@pytest.mark.parametrize("command", ["get", "watch"])
+def test_a_redirect_to_another_origin_does_not_carry_the_token(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy or a misconfigured --url that redirects elsewhere must not be handed the token.
+    token = "wfj_0123456789ab_" + "s" * 43
+    monkeypatch.setenv("WFJOBS_TOKEN", token)
+    _Elsewhere.seen = []
+    first: list[str | None] = []
+    with serving(_Elsewhere) as elsewhere, serving(_redirecting_to(elsewhere, first)) as url:
+        code, out, err = run(capsys, "--url", url, command, str(uuid.uuid4()))
+    assert first == [f"Bearer {token}"]
+    assert _Elsewhere.seen == [None], "the token went to another origin"
+    assert (code, out) == (1, "")
+    assert token not in err

@@ -554,6 +554,17 @@ class TokenError(RuntimeError):
         self.refused = refused
 
 
+class _Unfollowed(urllib.request.HTTPRedirectHandler):
+    """Answers a redirect as the error it is: urllib would send the client secret
+    on to wherever it points (as a GET, which no token endpoint answers)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_Unfollowed())
+
+
 class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
     """aiokafka's OAUTHBEARER token: a client-credentials grant, reused until near expiry.
 
@@ -614,9 +625,15 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=TOKEN_TIMEOUT_S) as response:
+            with _NO_REDIRECTS.open(request, timeout=TOKEN_TIMEOUT_S) as response:
                 body = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise TokenError(
+                    f"the token endpoint WFJOBS_KAFKA_OAUTH_TOKEN_URL={self._client.token_url} "
+                    f"answered HTTP {exc.code}, a redirect, which is not followed with the "
+                    "client secret: set the endpoint's own URL"
+                ) from None
             raise TokenError(
                 f"the token endpoint WFJOBS_KAFKA_OAUTH_TOKEN_URL={self._client.token_url} "
                 f"refused client {self._client.client_id!r} (HTTP {exc.code}): check "

@@ -320,6 +320,55 @@ async def test_a_refused_client_names_its_settings(token_endpoint: str) -> None:
     assert security.explain(refused.value, "k:9093") == str(refused.value)
 
 
+class _Elsewhere(BaseHTTPRequestHandler):
+    """Another host's server: records the Authorization header of whatever reaches it."""
+
+    seen: list[str | None] = []
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        type(self).seen.append(self.headers.get("Authorization"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"access_token": "stolen", "expires_in": 60}')
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_token_endpoint_that_redirects_is_not_followed_with_the_secret(
+    status: int,
+) -> None:
+    _Elsewhere.seen = []
+    with serving(_Elsewhere) as elsewhere:
+
+        class Redirecting(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.send_response(status)
+                self.send_header("Location", f"{elsewhere}/token")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        with serving(Redirecting) as url:
+            provider = ClientCredentialsTokenProvider(
+                OAuthClient(f"{url}/token", "workflow-jobs", "client-secret")
+            )
+            with pytest.raises(TokenError, match="WFJOBS_KAFKA_OAUTH_TOKEN_URL") as failed:
+                await provider.token()
+    assert _Elsewhere.seen == [], "the client secret followed the redirect"
+    assert f"HTTP {status}" in str(failed.value) and "client-secret" not in str(failed.value)
+
+
 # --------------------------------------------------------------------------- failures
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -121,30 +121,27 @@ class RequestsDeadLetters:
     def __init__(
         self,
         *,
-        bootstrap_servers: str,
         dlq_topic: str,
         requests_topic: str,
         decoder: RequestDecoder,
-        client_config: Mapping[str, Any] | None = None,
+        client_config: Callable[[], Mapping[str, Any]],
         timeout_s: float = 15.0,
     ) -> None:
+        """``client_config``: ``bootstrap.servers`` and the TLS / SASL properties,
+        asked for each client made, so a secret read from a file is read again."""
         self.dlq_topic = dlq_topic
         self.requests_topic = requests_topic
-        self._bootstrap_servers = bootstrap_servers
         self._decoder = decoder
-        self._client_config = dict(client_config or {})
+        self._client_config = client_config
         self._timeout_s = timeout_s
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestsDeadLetters:
-        # bootstrap.servers and the TLS / SASL properties of every Kafka client.
-        client_config = settings.kafka_client_config()
         return cls(
-            bootstrap_servers=client_config["bootstrap.servers"],
             dlq_topic=settings.dlq_topic,
             requests_topic=settings.requests_topic,
             decoder=RequestDecoder(settings.open_registry(), topic=settings.requests_topic),
-            client_config=client_config,
+            client_config=settings.kafka_client_config,
         )
 
     # ------------------------------------------------------------------ verbs
@@ -246,14 +243,13 @@ class RequestsDeadLetters:
     def _consumer(self) -> Consumer:
         return Consumer(
             {
-                "bootstrap.servers": self._bootstrap_servers,
                 # Partitions are assigned by hand and nothing is committed, so
                 # this id never joins a group: reading moves nobody's offsets.
                 "group.id": f"wfjobs-dlq-{uuid.uuid4().hex[:12]}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "logger": log,
-                **self._client_config,
+                **self._client_config(),
             }
         )
 
@@ -300,12 +296,11 @@ class RequestsDeadLetters:
     def _produce(self, records: Sequence[_Record]) -> None:
         producer = Producer(
             {
-                "bootstrap.servers": self._bootstrap_servers,
                 "enable.idempotence": True,
                 "acks": "all",
                 "message.timeout.ms": int(self._timeout_s * 1000),
                 "logger": log,
-                **self._client_config,
+                **self._client_config(),
             }
         )
         failures: dict[Position, str] = {}

@@ -9,12 +9,14 @@ listener, so a client that ignored them could not connect at all.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from schemas.errors import Unavailable
 from store.outbox import Backlog, RelayResult
 from streams.broker import BrokerConnection, KafkaRefused
 from streams.ownership import OwnershipReader
@@ -68,6 +70,23 @@ def test_the_relay_producer_publishes_over_sasl_ssl(kafka_sasl: KafkaSasl, topic
 async def test_the_dead_letter_verbs_read_over_sasl_ssl(kafka_sasl: KafkaSasl) -> None:
     settings = sasl_settings(kafka_sasl, WFJOBS_REQUESTS_TOPIC=f"r-{uuid.uuid4().hex[:8]}")
     listing = await RequestsDeadLetters.from_settings(settings).list_messages()
+    assert listing.total == 0
+
+
+async def test_the_dead_letter_verbs_pick_up_a_rotated_password(
+    kafka_sasl: KafkaSasl, tmp_path: Path
+) -> None:
+    # Each call builds new clients, and a new client reads the secret's file again.
+    password_file = tmp_path / "kafka-password"
+    password_file.write_text("the-old-password\n")
+    env = {**kafka_sasl.settings_env(), "WFJOBS_REQUESTS_TOPIC": f"r-{uuid.uuid4().hex[:8]}"}
+    del env["WFJOBS_KAFKA_SASL_PASSWORD"]
+    settings = Settings.from_env({**env, "WFJOBS_KAFKA_SASL_PASSWORD_FILE": str(password_file)})
+    dead_letters = RequestsDeadLetters.from_settings(settings)
+    with pytest.raises(Unavailable):
+        await dead_letters.list_messages()
+    password_file.write_text(kafka_sasl.password + "\n")
+    listing = await dead_letters.list_messages()
     assert listing.total == 0
 
 

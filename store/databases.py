@@ -7,10 +7,11 @@ databases before any event loop exists, and each call is one short statement.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from schemas.errors import InvalidArgument
@@ -46,12 +47,26 @@ def dsn_with_database(dsn: str, dbname: str) -> str:
 
 
 def check_dsn(dsn: str) -> None:
-    """Refuse a DSN libpq cannot read, with libpq's reason, before anything connects."""
+    """Refuse a DSN libpq cannot read, with libpq's reason, before anything connects.
+
+    Neither the DSN nor the parts of it libpq quotes are echoed: the part it
+    cannot read is often the password (a bare ``%`` in it, a space).
+    """
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        # Not echoed: a DSN may hold a password; libpq quotes the part it cannot read.
-        raise InvalidArgument(f"the database URL does not parse: {exc}".strip()) from None
+        reason = _QUOTED.sub(_unless_libpqs_own, str(exc).strip())
+        raise InvalidArgument(f"the database URL does not parse: {reason}") from None
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def _unless_libpqs_own(quoted: re.Match[str]) -> str:
+    # libpq's own words (its option names, the "=" or "]" it looked for) say
+    # what is wrong; anything else it quotes came from the DSN.
+    own = {"=", "]"} | {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    return quoted[0] if quoted[1] in own else '"..."'
 
 
 def database_name(dsn_or_name: str) -> str:

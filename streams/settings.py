@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
-from store import pool
+from store import databases, pool
 from streams import kafka_security as client_security
 from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
@@ -395,6 +395,7 @@ class Settings:
             raise SettingsError(
                 f"WFJOBS_EVENT_FORMAT must be 'protobuf' or 'avro', got {self.event_format!r}"
             )
+        self._check_database_url()
         self._check_registry_url()
         self._check_topics()
         if self.event_format == "avro" and not self.schema_registry_url:
@@ -514,6 +515,15 @@ class Settings:
                     f"{name} must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' "
                     f"or '-', got {topic!r}"
                 )
+
+    def _check_database_url(self) -> None:
+        """A DSN libpq cannot read stops the process here; the pool would retry
+        it for good, logging libpq's refusal, which quotes what it could not read."""
+        if self.database_url:
+            try:
+                databases.check_dsn(self.database_url)
+            except InvalidArgument as exc:
+                raise SettingsError(f"DATABASE_URL: {exc.message}") from None
 
     def _check_registry_url(self) -> None:
         """Each comma-separated registry URL as the client takes it: ``http://`` or

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from streams.settings import Settings, SettingsError
@@ -124,3 +126,30 @@ def test_the_worker_id_is_required_and_not_blank() -> None:
     with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
         Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()
     assert Settings.from_env({"WFJOBS_WORKER_ID": " w7 "}).require_worker_id() == "w7"
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        # A password with a bare '%' is not percent-encoding libpq can read.
+        ("postgresql://wfjobs:50%off@db/wfjobs", "50%off"),
+        ("host=db user=wfjobs password=two words dbname=wfjobs", "words"),
+        ("postgresql://wfjobs:s3cret@[::1/wfjobs", "s3cret"),
+    ],
+)
+def test_a_database_url_that_does_not_parse_stops_the_process_without_its_secret(
+    url: str, secret: str
+) -> None:
+    # Left to the pool, it would log libpq's refusal, quoting the password, at every retry.
+    with pytest.raises(SettingsError, match="DATABASE_URL") as refused:
+        Settings.from_env({"DATABASE_URL": url})
+    assert secret not in str(refused.value)
+
+
+def test_a_database_url_refusal_quotes_only_libpqs_own_words() -> None:
+    unknown_option = re.escape('invalid connection option "..."')
+    with pytest.raises(SettingsError, match=unknown_option) as refused:
+        Settings.from_env({"DATABASE_URL": "host=db passwrd=s3cret"})
+    assert "s3cret" not in str(refused.value) and "passwrd" not in str(refused.value)
+    with pytest.raises(SettingsError, match=re.escape('missing "=" after "..."')):
+        Settings.from_env({"DATABASE_URL": "nonsense://"})

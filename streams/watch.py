@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -238,7 +238,12 @@ class JobWatch(mode.Service):
             )
 
     def frames(
-        self, job_id: UUID, *, after: int, connected: Callable[[], bool] = lambda: True
+        self,
+        job_id: UUID,
+        *,
+        after: int,
+        connected: Callable[[], bool] = lambda: True,
+        authorized: Callable[[], Awaitable[bool]] | None = None,
     ) -> WatchStream:
         """A place among the watchers, and the stream's bytes: events after
         ``after``, progress, keep-alives, then ``end``.
@@ -248,14 +253,16 @@ class JobWatch(mode.Service):
         burst would pass the limit while the others wait to start. It is given
         back when the stream ends or is closed, read or not. ``connected`` is
         asked before every read: a client that went away frees its place at
-        once, not at the next write that would fail.
+        once, not at the next write that would fail. So is ``authorized``: a
+        stream may last as long as a parked job, and ends once the caller's
+        token no longer lets it watch (revoked), without an ``end``.
         """
         self.admit()
         self.watchers += 1
         self._unwatched_at = None
         self._watched.set()
         place = _Place(self._leave)
-        return WatchStream(self._held(job_id, after, connected, place), place)
+        return WatchStream(self._held(job_id, after, connected, authorized, place), place)
 
     def _leave(self) -> None:
         self.watchers -= 1
@@ -263,20 +270,31 @@ class JobWatch(mode.Service):
             self._unwatched_at = self._clock()
 
     async def _held(
-        self, job_id: UUID, after: int, connected: Callable[[], bool], place: _Place
+        self,
+        job_id: UUID,
+        after: int,
+        connected: Callable[[], bool],
+        authorized: Callable[[], Awaitable[bool]] | None,
+        place: _Place,
     ) -> AsyncGenerator[bytes]:
         try:
-            async for frame in self._frames(job_id, after, connected):
+            async for frame in self._frames(job_id, after, connected, authorized):
                 yield frame
         finally:
             place.give_back()
 
     async def _frames(
-        self, job_id: UUID, after: int, connected: Callable[[], bool]
+        self,
+        job_id: UUID,
+        after: int,
+        connected: Callable[[], bool],
+        authorized: Callable[[], Awaitable[bool]] | None,
     ) -> AsyncIterator[bytes]:
         sent_progress: Progress | None = None
         quiet_since = self._clock()
         while not self._closing and connected():
+            if authorized is not None and not await authorized():
+                return
             tick = self._tick
             try:
                 page = await self._feed.read(job_id, after=after, limit=self._page)

@@ -102,7 +102,14 @@ from faust.web import Request, Response, View
 from google.protobuf.message import Message
 
 from schemas.contract import api_pb2, check_incoming, from_json, parse_job_id, to_json
-from schemas.errors import InvalidArgument, PayloadTooLarge, WorkflowJobsError
+from schemas.errors import (
+    InvalidArgument,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+    WorkflowJobsError,
+)
 from store.errors import outages_as_unavailable
 from streams import auth, http_errors, metrics
 from streams.auth import Authenticator, Caller
@@ -405,12 +412,16 @@ class HttpVerbs:
         query: Mapping[str, str],
         last_event_id: str | None,
         connected: Callable[[], bool],
+        *,
+        authorization: str | None,
     ) -> WatchStream:
         """The job's event stream (``streams.watch``), once the request is found valid.
 
         Everything that can refuse the request is checked here, before any of
         the stream is sent, so a refusal is still an ordinary error reply.
         ``Last-Event-ID`` (sent by a reconnecting client) wins over ``after``.
+        The ``Authorization`` header is checked again while the stream lasts,
+        so a revoked token stops watching as it stops every other verb.
         """
         _only_parameters(query, WATCH_JOB_PARAMETERS, "watch-job")
         parsed = parse_job_id(job_id)
@@ -422,7 +433,18 @@ class HttpVerbs:
         watch.admit()
         # Not found is what a caller who may not see the job is told, too.
         await self.jobs.get_job(parsed, owner=caller.visible_owner)
-        return watch.frames(parsed, after=after, connected=connected)
+
+        async def authorized() -> bool:
+            try:
+                await self.authorize(authorization, auth.READ)
+            except (Unauthenticated, PermissionDenied):
+                return False
+            except Unavailable:
+                # The store is away: the stream's own reads wait for it too.
+                return True
+            return True
+
+        return watch.frames(parsed, after=after, connected=connected, authorized=authorized)
 
     async def step_form(self, caller: Caller, job_id: str, step_name: str) -> Reply:
         parsed = parse_job_id(job_id)
@@ -946,6 +968,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
                     _query(request),
                     _header(request, "Last-Event-ID"),
                     connected=partial(_connected, request),
+                    authorization=_authorization(request),
                 )
                 return Reply(200, {})
 

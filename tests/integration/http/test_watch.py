@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import pytest
 
 from cli.main import main as cli_main
 from store.progress import ProgressReport, ProgressStore
+from store.tokens import create_token, revoke_token
+from streams import auth
 from tests.integration.http.conftest import LiveApi, live, parked_job
 from tests.integration.streams.conftest import WEB_WORKFLOW
 
@@ -313,3 +316,27 @@ async def test_wfjobs_watch_waits_for_a_place_when_the_watchers_are_full(
         await api.runtime.require_control().cancel(uuid.UUID(job_id), reason="enough")
         assert await asyncio.wait_for(command, timeout=20) == 5
     assert "CANCELLED" in capsys.readouterr().out
+
+
+async def test_a_revoked_token_ends_its_open_watch_within_a_second(
+    make_database: Any,
+) -> None:
+    # A parked job can be watched for days: the token is checked again while it is.
+    dsn = make_database(migrated=True)
+    async with live({"DATABASE_URL": dsn}) as api:
+        await store_review(api)
+        job_id = await parked_job(api)
+        issued = await create_token(dsn, "http-tester", ["read"])
+        headers = {"Authorization": f"Bearer {issued.token}"}
+        url = api.url + events_path(job_id)
+        async with api.session.get(url, headers=headers) as response:
+            assert response.status == 200
+            messages = sse_messages(response)
+            assert [(await anext(messages)).data["type"] for _ in range(4)][-1] == "TYPE_WAITING"
+            await revoke_token(dsn, issued.record.id)
+            revoked_at = time.monotonic()
+            rest = [m async for m in messages]
+            assert time.monotonic() - revoked_at < 1 + auth.VERIFIED_FOR_S + 1
+        assert rest == [], "the stream ended without the job's end"
+        async with api.session.get(url, headers=headers) as again:
+            assert again.status == 401

@@ -30,13 +30,18 @@ No token: 401 ``UNAUTHENTICATED``. A token without the verb's scope: 403
 ``VERIFIED_FOR_S``: a verified token is trusted that long, no longer.
 
 ``WFJOBS_AUTH=off`` turns all of this off: every caller is ``anonymous`` with
-every scope. The worker says so loudly at start.
+every scope. The worker says so loudly at start, and answers only requests
+addressed to this machine by name (``localhost``, a loopback address): a web
+page served under a name its owner resolves to 127.0.0.1 (DNS rebinding) is
+the browser's own origin, so only the ``Host`` header tells its requests from
+a local caller's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -118,6 +123,34 @@ def require_inline_definitions(caller: Caller) -> None:
 
 
 ANONYMOUS_CALLER = Caller(ANONYMOUS, frozenset(SCOPES))
+
+
+def require_local_host(host: str) -> None:
+    """``PermissionDenied`` unless the ``Host`` a request was sent to names this machine."""
+    if not _names_this_machine(host):
+        raise PermissionDenied(
+            "WFJOBS_AUTH=off: this worker answers only requests addressed to localhost, "
+            f"127.0.0.1 or [::1], not to {host[:200]!r}"
+        )
+
+
+def _names_this_machine(host: str) -> bool:
+    if host.startswith("["):
+        name, bracket, _ = host[1:].partition("]")
+        if not bracket:
+            return False
+    else:
+        name = host.rpartition(":")[0] if ":" in host else host
+    name = name.lower().removesuffix(".")
+    # Browsers resolve localhost and its subdomains to loopback themselves (RFC 6761).
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class Authenticator:
@@ -204,4 +237,5 @@ __all__ = [
     "Caller",
     "parse_scopes",
     "require_inline_definitions",
+    "require_local_host",
 ]

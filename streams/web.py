@@ -911,6 +911,21 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     http_errors.install(app, HTTP_STATUS)
     if not verbs:
         return
+    web_app = cast(Any, app).web.web_app
+    if not api.authenticator.enabled:
+
+        @aiohttp_web.middleware
+        async def local_only(
+            request: aiohttp_web.Request,
+            handler: Callable[[aiohttp_web.Request], Awaitable[aiohttp_web.StreamResponse]],
+        ) -> aiohttp_web.StreamResponse:
+            # The header itself: without one, aiohttp's request.host asks the
+            # resolver for this machine's name, on the event loop.
+            auth.require_local_host(request.headers.get("Host", ""))
+            return await handler(request)
+
+        # Inside the error middleware, which answers the refusal as JSON.
+        web_app.middlewares.append(local_only)
     register_openapi(app, metrics=api.metrics_enabled)
     register_dashboard(app)
 
@@ -920,7 +935,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         if api.watch is not None:
             api.watch.close_streams()
 
-    cast(Any, app).web.web_app.on_shutdown.append(end_watches)
+    web_app.on_shutdown.append(end_watches)
 
     # Each call authorizes first: nothing of a request (body, query) is read
     # for a caller who may not make it.

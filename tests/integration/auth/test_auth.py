@@ -243,6 +243,31 @@ async def test_auth_off_lets_everyone_do_everything_and_says_so(
     assert any("WFJOBS_AUTH=off" in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.parametrize("host", ["attacker.example:6066", "rebound.example", "10.0.0.7:6066"])
+async def test_auth_off_answers_only_requests_addressed_to_this_machine(
+    dsn: str, host: str
+) -> None:
+    # A page on a name its owner resolves to 127.0.0.1 (DNS rebinding) is the
+    # browser's own origin: only the Host header tells it from a local caller.
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_AUTH": "off"}, token=False) as (client, _):
+        submit = {"workflow_name": "web-review", "input": {"text": "a"}}
+        for method, path, body in (
+            ("GET", "/v1/workflow-runs", None),
+            ("POST", "/v1/workflow-runs", submit),
+            ("GET", "/dashboard/", None),
+        ):
+            response = await client.request(method, path, json=body, headers={"Host": host})
+            message = await _error(response, 403, "PERMISSION_DENIED")
+            assert "WFJOBS_AUTH=off" in message and "localhost" in message
+        for local in ("127.0.0.1:6066", "localhost:6066", "[::1]:6066", "LOCALHOST"):
+            listed = await client.get("/v1/workflow-runs", headers={"Host": local})
+            assert listed.status == 200, (local, await listed.text())
+    # With auth on a token is what counts, whatever name the request was sent to.
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        listed = await client.get("/v1/workflow-runs", headers={"Host": host})
+        assert listed.status == 200
+
+
 def test_the_request_topic_owner_is_configured_or_trusted() -> None:
     def owner(env: Mapping[str, str], principal: str) -> str:
         runtime = Runtime(Settings.from_env(env))

@@ -31,10 +31,12 @@ No token: 401 ``UNAUTHENTICATED``. A token without the verb's scope: 403
 
 ``WFJOBS_AUTH=off`` turns all of this off: every caller is ``anonymous`` with
 every scope. The worker says so loudly at start, and answers only requests
-addressed to this machine by name (``localhost``, a loopback address): a web
-page served under a name its owner resolves to 127.0.0.1 (DNS rebinding) is
-the browser's own origin, so only the ``Host`` header tells its requests from
-a local caller's.
+addressed to this machine by name (``localhost``, a loopback address) and sent
+by no page or one of this machine: a web page served under a name its owner
+resolves to 127.0.0.1 (DNS rebinding) is the browser's own origin, so only the
+``Host`` header tells its requests from a local caller's, and a page elsewhere
+may send some requests (a POST without a body) to 127.0.0.1 itself, which only
+its ``Origin`` header tells.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import asyncio
 import hashlib
 import ipaddress
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -125,13 +128,23 @@ def require_inline_definitions(caller: Caller) -> None:
 ANONYMOUS_CALLER = Caller(ANONYMOUS, frozenset(SCOPES))
 
 
-def require_local_host(host: str) -> None:
-    """``PermissionDenied`` unless the ``Host`` a request was sent to names this machine."""
+def require_local_caller(host: str, origin: str | None) -> None:
+    """``PermissionDenied`` unless the request was sent to this machine by name
+    (``Host``) and, when a browser says which page sent it (``Origin``), from
+    a page of this machine: a page elsewhere may POST to 127.0.0.1 without a
+    body, which no media type check stops."""
     if not _names_this_machine(host):
         raise PermissionDenied(
             "WFJOBS_AUTH=off: this worker answers only requests addressed to localhost, "
             f"127.0.0.1 or [::1], not to {host[:200]!r}"
         )
+    if origin is not None:
+        parts = urllib.parse.urlsplit(origin)
+        if parts.scheme not in {"http", "https"} or not _names_this_machine(parts.netloc):
+            raise PermissionDenied(
+                "WFJOBS_AUTH=off: this worker answers only pages served from localhost, "
+                f"127.0.0.1 or [::1], not one from {origin[:200]!r}"
+            )
 
 
 def _names_this_machine(host: str) -> bool:
@@ -237,5 +250,5 @@ __all__ = [
     "Caller",
     "parse_scopes",
     "require_inline_definitions",
-    "require_local_host",
+    "require_local_caller",
 ]

@@ -921,7 +921,9 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         ) -> aiohttp_web.StreamResponse:
             # The header itself: without one, aiohttp's request.host asks the
             # resolver for this machine's name, on the event loop.
-            auth.require_local_host(request.headers.get("Host", ""))
+            auth.require_local_caller(
+                request.headers.get("Host", ""), request.headers.get("Origin")
+            )
             return await handler(request)
 
         # Inside the error middleware, which answers the refusal as JSON.

@@ -268,6 +268,27 @@ async def test_auth_off_answers_only_requests_addressed_to_this_machine(
         assert listed.status == 200
 
 
+async def test_auth_off_refuses_what_another_sites_page_sends(dsn: str) -> None:
+    # A POST without a body is a "simple" request a page anywhere may send to
+    # 127.0.0.1 without asking first; only its Origin says where it comes from.
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_AUTH": "off"}, token=False) as (
+        client,
+        runtime,
+    ):
+        await put_workflow(client)
+        job_id = await parked_job(client, runtime, "keep me")
+        cancel = f"/v1/workflow-runs/{job_id}:cancel"
+        for origin in ("https://attacker.example", "null", "http://127.0.0.1.attacker.example"):
+            refused = await client.post(cancel, headers={"Origin": origin})
+            message = await _error(refused, 403, "PERMISSION_DENIED")
+            assert "WFJOBS_AUTH=off" in message
+        job = await (await client.get(f"/v1/workflow-runs/{job_id}")).json()
+        assert job["job"]["status"] == "WAITING"
+        # The dashboard's own requests come from this machine's origin.
+        allowed = await client.post(cancel, headers={"Origin": "http://localhost:6066"})
+        assert allowed.status == 200, await allowed.text()
+
+
 def test_the_request_topic_owner_is_configured_or_trusted() -> None:
     def owner(env: Mapping[str, str], principal: str) -> str:
         runtime = Runtime(Settings.from_env(env))

@@ -138,13 +138,19 @@ def require_local_caller(host: str, origin: str | None) -> None:
             "WFJOBS_AUTH=off: this worker answers only requests addressed to localhost, "
             f"127.0.0.1 or [::1], not to {host[:200]!r}"
         )
-    if origin is not None:
+    if origin is not None and not _is_local_origin(origin):
+        raise PermissionDenied(
+            "WFJOBS_AUTH=off: this worker answers only pages served from localhost, "
+            f"127.0.0.1 or [::1], not one from {origin[:200]!r}"
+        )
+
+
+def _is_local_origin(origin: str) -> bool:
+    try:
         parts = urllib.parse.urlsplit(origin)
-        if parts.scheme not in {"http", "https"} or not _names_this_machine(parts.netloc):
-            raise PermissionDenied(
-                "WFJOBS_AUTH=off: this worker answers only pages served from localhost, "
-                f"127.0.0.1 or [::1], not one from {origin[:200]!r}"
-            )
+    except ValueError:
+        return False
+    return parts.scheme in {"http", "https"} and _names_this_machine(parts.netloc)
 
 
 def _names_this_machine(host: str) -> bool:

@@ -544,7 +544,19 @@ class Settings:
             if parts is None or not ((web and parts.hostname) or url.startswith("mock://")):
                 raise SettingsError(
                     "WFJOBS_SCHEMA_REGISTRY_URL must be one or more comma-separated "
-                    f"http:// or https:// URLs, got {url!r}"
+                    f"http:// or https:// URLs, got {_without_userinfo(url)!r}"
+                )
+            if "@" in parts.netloc and (
+                self.schema_registry_basic_auth or self.schema_registry_basic_auth_file
+            ):
+                given = (
+                    "WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH"
+                    if self.schema_registry_basic_auth
+                    else "WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH_FILE"
+                )
+                raise SettingsError(
+                    f"WFJOBS_SCHEMA_REGISTRY_URL {_without_userinfo(url)!r} carries credentials "
+                    f"and {given} is set too: give them in one place"
                 )
 
     def _check_observability(self) -> None:
@@ -598,6 +610,17 @@ class Settings:
     def effective_heartbeat_s(self) -> float:
         """Extend the lease a third of the way into it unless told otherwise."""
         return self.heartbeat_s or self.lease_s / 3
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` as it may be shown: a user and password before the host are left out."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def _parse(name: str, raw: str, default: Any) -> Any:

@@ -278,7 +278,12 @@ async def test_auth_off_refuses_what_another_sites_page_sends(dsn: str) -> None:
         await put_workflow(client)
         job_id = await parked_job(client, runtime, "keep me")
         cancel = f"/v1/workflow-runs/{job_id}:cancel"
-        for origin in ("https://attacker.example", "null", "http://127.0.0.1.attacker.example"):
+        for origin in (
+            "https://attacker.example",
+            "null",
+            "http://127.0.0.1.attacker.example",
+            "http://[::1",
+        ):
             refused = await client.post(cancel, headers={"Origin": origin})
             message = await _error(refused, 403, "PERMISSION_DENIED")
             assert "WFJOBS_AUTH=off" in message

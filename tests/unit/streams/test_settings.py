@@ -153,3 +153,20 @@ def test_a_database_url_refusal_quotes_only_libpqs_own_words() -> None:
     assert "s3cret" not in str(refused.value) and "passwrd" not in str(refused.value)
     with pytest.raises(SettingsError, match=re.escape('missing "=" after "..."')):
         Settings.from_env({"DATABASE_URL": "nonsense://"})
+
+
+def test_a_registry_url_is_refused_without_showing_its_password() -> None:
+    with pytest.raises(SettingsError, match="WFJOBS_SCHEMA_REGISTRY_URL must be") as refused:
+        Settings.from_env({"WFJOBS_SCHEMA_REGISTRY_URL": "https://sr:sekrit@registry:80x1"})
+    assert "sekrit" not in str(refused.value) and "registry:80x1" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "basic_auth", ["WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH", "WFJOBS_SCHEMA_REGISTRY_BASIC_AUTH_FILE"]
+)
+def test_registry_credentials_are_given_in_one_place(basic_auth: str) -> None:
+    # The registry client would refuse the pair only when a process first opens it.
+    env = {"WFJOBS_SCHEMA_REGISTRY_URL": "https://sr:sekrit@registry.example", basic_auth: "x"}
+    with pytest.raises(SettingsError, match="WFJOBS_SCHEMA_REGISTRY_URL") as refused:
+        Settings.from_env(env)
+    assert basic_auth in str(refused.value) and "sekrit" not in str(refused.value)

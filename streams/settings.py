@@ -43,12 +43,15 @@ class SettingsError(InvalidArgument):
 
 @dataclass(frozen=True)
 class Settings:
-    # Where things are.
-    database_url: str = field(default="", metadata={"env": "DATABASE_URL"})
+    # Where things are. Left out of the representation like every secret: a
+    # DSN or a registry URL may carry a password.
+    database_url: str = field(default="", repr=False, metadata={"env": "DATABASE_URL"})
     kafka_bootstrap_servers: str = field(
         default=defaults.KAFKA_BOOTSTRAP_SERVERS, metadata={"env": "KAFKA_BOOTSTRAP_SERVERS"}
     )
-    schema_registry_url: str = field(default="", metadata={"env": "WFJOBS_SCHEMA_REGISTRY_URL"})
+    schema_registry_url: str = field(
+        default="", repr=False, metadata={"env": "WFJOBS_SCHEMA_REGISTRY_URL"}
+    )
     event_format: str = field(default="protobuf", metadata={"env": "WFJOBS_EVENT_FORMAT"})
 
     # How every Kafka client connects (mapped onto each library by

@@ -187,6 +187,14 @@ def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:
 def test_secrets_stay_out_of_the_settings_repr(tmp_path: Path) -> None:
     assert "alice-secret" not in repr(settings(SCRAM))
     assert "alice-secret" not in repr(settings(SCRAM).kafka_security())
+    # The URLs that may carry a password in their user part.
+    urls = settings(
+        {
+            "DATABASE_URL": "postgresql://wfjobs:db-secret@db/wfjobs",
+            "WFJOBS_SCHEMA_REGISTRY_URL": "https://sr:registry-secret@registry.example",
+        }
+    )
+    assert "db-secret" not in repr(urls) and "registry-secret" not in repr(urls)
 
 
 # --------------------------------------------------------------------------- TLS only

@@ -292,10 +292,21 @@ class _JsonErrorRequestHandler(RequestHandler):
             text = f"the request has more than {self.max_headers} headers (the limit)"
             return HEADERS_TOO_LARGE, 431, text
         if 400 <= status < 500:
-            reason = exc.message if isinstance(exc, HttpProcessingError) else ""
+            reason = _parser_reason(exc.message) if isinstance(exc, HttpProcessingError) else ""
             text = "the request is not well-formed HTTP"
             return "INVALID_ARGUMENT", 400, f"{text}: {_shown(reason)}" if reason else text
         return "INTERNAL", 500, ""
+
+
+# The bytes a parser refusal quotes (b'...' to the end of its line).
+_QUOTED_BYTES = re.compile(r"""\s*b['"].*$""")
+
+
+def _parser_reason(message: str) -> str:
+    """What the parser found wrong, without the bytes it quotes: a refused
+    header line may hold the caller's token, and this text is logged."""
+    lines = message.strip().splitlines()
+    return _QUOTED_BYTES.sub("", lines[0]).rstrip(": ") if lines else ""
 
 
 class _JsonErrorServer(Server):

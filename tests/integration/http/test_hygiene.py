@@ -296,6 +296,28 @@ async def test_the_parser_refusals_answer_json(live_api: LiveApi) -> None:
     assert set(body) == {"code", "message"}
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Authorization: Bearer wfj_0123456789ab_" + b"S" * 43 + b"\x01",
+        b"Authorization Bearer wfj_0123456789ab_" + b"S" * 43,
+    ],
+    ids=["control character", "no colon"],
+)
+async def test_a_malformed_header_is_refused_without_quoting_it(
+    live_api: LiveApi, line: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The parser quotes the line it refused: a token in it would reach the log.
+    with caplog.at_level(logging.INFO, logger="streams.http_errors"):
+        status, _, body = await _raw(
+            live_api, b"GET /v1/workflow-runs HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n\r\n"
+        )
+    assert (status, body["code"]) == (400, "INVALID_ARGUMENT"), body
+    assert "header" in body["message"], body
+    assert "SSSS" not in body["message"]
+    assert not [r for r in caplog.records if "SSSS" in r.getMessage()]
+
+
 async def test_the_openapi_document_describes_every_route_served(live_api: LiveApi) -> None:
     status, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
     assert status == 200

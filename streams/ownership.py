@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     import faust
 
     from streams.runtime import Runtime
+    from streams.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +221,14 @@ class OwnershipReader(mode.Service):
         topic: str,
         *,
         timeout_s: float = ADMIN_TIMEOUT_S,
-        security: Mapping[str, Any] | None = None,
+        security: Callable[[], Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
-        """``security``: aiokafka's TLS and SASL keyword arguments (``KafkaSecurity.aiokafka``)."""
+        """``security``: aiokafka's TLS and SASL keyword arguments (``KafkaSecurity.aiokafka``),
+        asked for each client made, so a secret read from a file is read again."""
         super().__init__(**kwargs)
         self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
-        self._security = dict(security or {})
+        self._security = security
         self._group = group
         self._topic = topic
         self._timeout_s = timeout_s
@@ -242,7 +244,7 @@ class OwnershipReader(mode.Service):
                             bootstrap_servers=self._servers,
                             client_id="workflow-jobs-ownership",
                             request_timeout_ms=int(self._timeout_s * 1000),
-                            **self._security,
+                            **(self._security() if self._security is not None else {}),
                         )
                         await self._admin.start()
                     return await read_ownership(
@@ -483,17 +485,23 @@ def _names(partitions: Iterable[int]) -> str:
 # --------------------------------------------------------------------------- wiring
 
 
+def ownership_reader(settings: Settings, topic: str) -> OwnershipReader:
+    """The reader of the request agent's group: every admin client it makes is
+    secured as the settings say, their secret files read again for it."""
+    return OwnershipReader(
+        ",".join(bootstrap_servers(settings)),
+        settings.consumer_group,
+        topic,
+        security=lambda: kafka_security(settings).aiokafka(),
+    )
+
+
 def install_ownership(app: faust.App, runtime: Runtime, topic: str) -> OwnershipWatchdog:
     """The assignor fix and the watchdog for ``topic``'s consumer group in ``app``."""
     settings = runtime.settings
     # Set before the consumer exists: Faust builds its assignor from this lazily.
     cast(Any, app.conf).PartitionAssignor = OwnershipAssignor
-    reader = OwnershipReader(
-        ",".join(bootstrap_servers(settings)),
-        settings.consumer_group,
-        topic,
-        security=kafka_security(settings).aiokafka(),
-    )
+    reader = ownership_reader(settings, topic)
 
     async def rejoin() -> None:
         consumer = aiokafka_consumer(app)
@@ -545,5 +553,6 @@ __all__ = [
     "OwnershipWatchdog",
     "Thresholds",
     "install_ownership",
+    "ownership_reader",
     "read_ownership",
 ]

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -19,7 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 from schemas.errors import Unavailable
 from store.outbox import Backlog, RelayResult
 from streams.broker import BrokerConnection, KafkaRefused
-from streams.ownership import OwnershipReader
+from streams.ownership import OwnershipReader, ownership_reader
 from streams.relay import build_relay
 from streams.requests_dlq import RequestsDeadLetters
 from streams.settings import Settings
@@ -140,9 +141,30 @@ async def test_the_ownership_reader_describes_the_group_over_sasl_ssl(
         ",".join(settings.kafka_servers),
         f"sasl-group-{uuid.uuid4().hex[:8]}",
         topic,
-        security=settings.kafka_security().aiokafka(),
+        security=lambda: settings.kafka_security().aiokafka(),
     )
     try:
+        ownership = await reader.read()
+    finally:
+        await reader.stop()
+    assert ownership.partitions == (0,)
+
+
+async def test_the_ownership_reader_picks_up_a_rotated_password(
+    kafka_sasl: KafkaSasl, topic: str, tmp_path: Path
+) -> None:
+    # A read that fails drops its client; the next one is new and reads the file again.
+    password_file = tmp_path / "kafka-password"
+    password_file.write_text("the-old-password\n")
+    env = kafka_sasl.settings_env()
+    del env["WFJOBS_KAFKA_SASL_PASSWORD"]
+    settings = Settings.from_env({**env, "WFJOBS_KAFKA_SASL_PASSWORD_FILE": str(password_file)})
+    reader = ownership_reader(settings, topic)
+    try:
+        # aiokafka reports a refused login as a failed bootstrap.
+        with pytest.raises(KafkaConnectionError):
+            await reader.read()
+        password_file.write_text(kafka_sasl.password + "\n")
         ownership = await reader.read()
     finally:
         await reader.stop()

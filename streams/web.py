@@ -885,6 +885,9 @@ def _header(request: Request, name: str) -> str | None:
     return cast(aiohttp_web.Request, request).headers.get(name)
 
 
+_TOKENLESS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
 def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     """Mount ``/healthz`` and, when ``verbs``, the verbs, on the app's web server."""
 
@@ -919,11 +922,15 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             request: aiohttp_web.Request,
             handler: Callable[[aiohttp_web.Request], Awaitable[aiohttp_web.StreamResponse]],
         ) -> aiohttp_web.StreamResponse:
-            # The header itself: without one, aiohttp's request.host asks the
-            # resolver for this machine's name, on the event loop.
-            auth.require_local_caller(
-                request.headers.get("Host", ""), request.headers.get("Origin")
-            )
+            # The probes and the scrape need no token with auth on either, and
+            # change nothing: a kubelet or a Prometheus that addresses the
+            # process by its own IP must still reach them.
+            if request.path not in _TOKENLESS_PATHS:
+                # The header itself: without one, aiohttp's request.host asks
+                # the resolver for this machine's name, on the event loop.
+                auth.require_local_caller(
+                    request.headers.get("Host", ""), request.headers.get("Origin")
+                )
             return await handler(request)
 
         # Inside the error middleware, which answers the refusal as JSON.

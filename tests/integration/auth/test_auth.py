@@ -262,6 +262,12 @@ async def test_auth_off_answers_only_requests_addressed_to_this_machine(
         for local in ("127.0.0.1:6066", "localhost:6066", "[::1]:6066", "LOCALHOST"):
             listed = await client.get("/v1/workflow-runs", headers={"Host": local})
             assert listed.status == 200, (local, await listed.text())
+        # The probes and the scrape, tokenless with auth on too, answer whatever
+        # name a kubelet or a Prometheus addresses the process by.
+        for probe in ("/healthz", "/readyz", "/metrics"):
+            answered = await client.get(probe, headers={"Host": "10.1.2.3:6066"})
+            assert answered.status in (200, 503), (probe, await answered.text())
+            assert "PERMISSION_DENIED" not in await answered.text()
     # With auth on a token is what counts, whatever name the request was sent to.
     async with serve({"DATABASE_URL": dsn}) as (client, _):
         listed = await client.get("/v1/workflow-runs", headers={"Host": host})

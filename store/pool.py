@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from typing import Any, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from store.binary_arrays import register as register_binary_arrays
 
@@ -17,6 +18,7 @@ DEFAULT_MIN_SIZE = 2
 DEFAULT_MAX_SIZE = 10
 DEFAULT_TIMEOUT_S = 10.0
 APPLICATION_NAME = "workflow-jobs"
+PING_SQL = "SELECT 1"
 
 
 class PoolOptions(TypedDict, total=False):
@@ -72,3 +74,23 @@ async def open_pool(dsn: str, **options: Unpack[PoolOptions]) -> Pool:
     pool = create_pool(dsn, **options)
     await pool.open(wait=True, timeout=pool.timeout)
     return pool
+
+
+async def ping(pool: Pool, dsn: str, timeout_s: float) -> Literal["ok", "busy"]:
+    """Whether the server of ``pool`` (at ``dsn``) answers ``SELECT 1``, all within ``timeout_s``.
+
+    ``"busy"`` when every connection of the pool stayed out at work for half
+    the time and the server answered on a connection of its own: a saturated
+    pool is no dead store. Raises ``TimeoutError`` when the server did not
+    answer in time, else the driver's error.
+    """
+    async with asyncio.timeout(timeout_s):
+        try:
+            async with pool.connection(timeout=timeout_s / 2) as conn:
+                await conn.execute(PING_SQL)
+            return "ok"
+        except PoolTimeout:
+            pass
+        async with await AsyncConnection.connect(dsn, **connection_kwargs()) as own:
+            await own.execute(PING_SQL)
+        return "busy"

@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
 import mode
@@ -47,7 +48,7 @@ from store.fleet import FleetStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
 from store.outbox import RELAY_SESSION, Outbox
-from store.pool import Pool, create_pool
+from store.pool import Pool, create_pool, ping
 from store.progress import ProgressStore
 from store.records import Job, StepVerifier
 from store.retention import RetentionStore
@@ -93,6 +94,10 @@ if TYPE_CHECKING:
     from streams.relay import OutboxRelay
 
 log = logging.getLogger(__name__)
+
+# How long /healthz and /readyz wait for the store in all: a probe must answer
+# in time even when the server went silent, which TCP notices hours later.
+STORE_CHECK_S = 2.0
 
 
 class Runtime(mode.Service):
@@ -160,6 +165,8 @@ class Runtime(mode.Service):
         # Parts outside the runtime (the request agent, the broker connection)
         # add themselves here; see ``health_report``.
         self._health_sources: list[HealthSource] = []
+        self._store_check: asyncio.Future[Literal["ok", "busy"]] | None = None
+        self._store_check_began = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -343,6 +350,8 @@ class Runtime(mode.Service):
         # grace, a hand-back and the relay's last pass all still had the pool.
         with contextlib.suppress(Exception):
             await self.channels.close()
+        if self._store_check is not None:
+            self._store_check.cancel()
         for pool in (
             self.claim_pool,
             self.relay_pool,
@@ -480,23 +489,46 @@ class Runtime(mode.Service):
         return report(parts)
 
     async def _store_health(self) -> PartHealth:
+        """Within ``STORE_CHECK_S`` whatever the server does.
+
+        A check still in flight from an earlier probe is awaited, not doubled,
+        so a server gone silent holds one connection, not one per probe.
+        """
         if not self.settings.store_configured:
             return PartHealth("store", summary="not configured")
-        problem = await self.check_store()
-        if problem:
-            return PartHealth("store", healthy=False, ready=False, summary=problem)
+        if self.pool is None:
+            return _store_down(self._unavailable().message)
+        check = self._store_check
+        if check is None or check.done():
+            check = self._store_check = asyncio.ensure_future(
+                ping(self.pool, self.settings.database_url, STORE_CHECK_S)
+            )
+            self._store_check_began = time.monotonic()
+        done, _ = await asyncio.wait({check}, timeout=STORE_CHECK_S)
+        if not done:
+            waited = time.monotonic() - self._store_check_began
+            return _store_down(f"the store did not answer SELECT 1 in {waited:.0f}s")
+        try:
+            answer = check.result()
+        except TimeoutError:
+            return _store_down(f"the store did not answer SELECT 1 in {STORE_CHECK_S:.0f}s")
+        except Exception as exc:
+            return _store_down(f"unreachable: {type(exc).__name__}: {exc}")
+        if answer == "busy":
+            # Alive, so no restart; out of rotation until a connection frees up.
+            return PartHealth(
+                "store",
+                ready=False,
+                summary="busy: every connection of the pool is at work (WFJOBS_POOL_MAX)",
+            )
         return PartHealth("store")
 
     async def check_store(self) -> str:
         """Empty when the store answers, else what is wrong (for /healthz)."""
-        if self.pool is None:
+        if not self.settings.store_configured:
             return self._unavailable().message
-        try:
-            async with self.pool.connection(timeout=2.0) as conn:
-                await conn.execute("SELECT 1")
-        except Exception as exc:
-            return f"unreachable: {type(exc).__name__}: {exc}"
-        return ""
+        health = await self._store_health()
+        return "" if health.healthy and health.ready else health.summary
 
     # ------------------------------------------------------------------ engine
 
@@ -566,6 +598,10 @@ class Runtime(mode.Service):
                 return StepVerdict(step_name, False, response, (str(failure),))
 
         return verify
+
+
+def _store_down(summary: str) -> PartHealth:
+    return PartHealth("store", healthy=False, ready=False, summary=summary)
 
 
 async def _session_connection(settings: Settings, use: str, session: Mapping[str, str]) -> Pool:

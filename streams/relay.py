@@ -289,6 +289,9 @@ class OutboxRelay(mode.Service):
         self._blocked_since: float | None = None  # monotonic
         self._backlog: Backlog | None = None
         self._backlog_read_at = -BACKLOG_EVERY_S  # monotonic
+        # Since when the store has been asked (a lease, a settle, the backlog)
+        # without answering: a statement that never answers fails nothing.
+        self._store_asked_at: float | None = None  # monotonic
 
     # -- lifecycle
 
@@ -401,12 +404,17 @@ class OutboxRelay(mode.Service):
         """One ``relay_batch`` pass: lease, publish, settle."""
 
         async def publish(rows: list[Any]) -> list[PublishFailure | None]:
-            if self._timings is None:
-                outcomes = await self.publish(rows)
-            else:
-                started = time.monotonic()
-                outcomes = await self.publish(rows)
-                self._timings.publish.observe(time.monotonic() - started)
+            # Between the lease and the settle the broker is waited on, not the store.
+            self._store_asked_at = None
+            try:
+                if self._timings is None:
+                    outcomes = await self.publish(rows)
+                else:
+                    started = time.monotonic()
+                    outcomes = await self.publish(rows)
+                    self._timings.publish.observe(time.monotonic() - started)
+            finally:
+                self._store_asked_at = time.monotonic()
             if any(outcome is None for outcome in outcomes):
                 # Some rows went out, so the relay carries on at once: the rows
                 # that met a transient fault wait out the pause on their own.
@@ -419,7 +427,11 @@ class OutboxRelay(mode.Service):
                 ]
             return outcomes
 
-        result = await self._outbox.relay_batch(publish, self._batch, owner=self._name)
+        self._store_asked_at = time.monotonic()
+        try:
+            result = await self._outbox.relay_batch(publish, self._batch, owner=self._name)
+        finally:
+            self._store_asked_at = None
         self.stats.passes += 1
         self._record(result)
         return result
@@ -475,11 +487,14 @@ class OutboxRelay(mode.Service):
         if now - self._backlog_read_at < BACKLOG_EVERY_S:
             return
         self._backlog_read_at = now
+        self._store_asked_at = now
         try:
             self._backlog = await self._outbox.backlog()
         except Exception as exc:
             # Health only; the next pass meets the same store and says why.
             log.debug("%s: backlog not read: %s", self._name, exc)
+        finally:
+            self._store_asked_at = None
 
     async def _prepare(self) -> None:
         if not self._prepared:
@@ -643,10 +658,14 @@ class OutboxRelay(mode.Service):
     # -- health
 
     def health(self) -> PartHealth:
-        """Stuck when it has not published for ``stuck_after_s`` while rows wait for it."""
+        """Stuck when it has not published for ``stuck_after_s`` while rows wait for it,
+        or has waited that long for the store to answer."""
         now = time.monotonic()
         blocked_for = now - self._blocked_since if self._blocked_since is not None else 0.0
         stuck = self._blocked_since is not None and blocked_for > self._stuck_after_s
+        asked_at = self._store_asked_at
+        waiting_for = now - asked_at if asked_at is not None else 0.0
+        hung = waiting_for > self._stuck_after_s
         detail: dict[str, Any] = {
             "last_publish_at": (
                 None
@@ -655,6 +674,7 @@ class OutboxRelay(mode.Service):
             ),
             "last_publish_ok": self._last_pass_ok,
             "unable_to_publish_s": round(blocked_for, 1),
+            "pass_waiting_s": round(waiting_for, 1),
             "published": self.stats.published,
         }
         if self._backlog is not None:
@@ -665,13 +685,15 @@ class OutboxRelay(mode.Service):
             detail["failed_rows"] = self._backlog.failed_rows
         # A delivery timeout hides why: refused credentials say it better.
         reason = self._misconfigured or self._last_error
-        if stuck:
+        if hung:
+            summary = f"a relay pass has waited {waiting_for:.0f}s for the store"
+        elif stuck:
             summary = f"cannot publish for {blocked_for:.0f}s: {reason}"
         elif self._blocked_since is not None:
             summary = f"retrying after: {reason}"
         else:
             summary = "ok"
-        return PartHealth("relay", healthy=not stuck, summary=summary, detail=detail)
+        return PartHealth("relay", healthy=not stuck and not hung, summary=summary, detail=detail)
 
     # -- producer
 

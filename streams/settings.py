@@ -221,8 +221,8 @@ class Settings:
     )
     # Cap of the relay's backoff after passes that published nothing.
     relay_backoff_max_s: float = field(default=30.0, metadata={"env": "WFJOBS_RELAY_BACKOFF_MAX_S"})
-    # How long the relay may be unable to publish, with rows waiting, before
-    # /healthz calls it stuck.
+    # How long the relay may be unable to publish, with rows waiting, or a pass
+    # may wait for the store, before /healthz calls it stuck.
     relay_stuck_after_s: float = field(
         default=120.0, metadata={"env": "WFJOBS_RELAY_STUCK_AFTER_S"}
     )

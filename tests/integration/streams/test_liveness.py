@@ -17,10 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from schemas.serde import event_serializer
+from store.outbox import Outbox
 from store.pool import Pool, open_pool
 from store.records import Lease, SweepResult
 from store.runs import RunStore
 from streams.claims import ClaimLoops
+from streams.relay import OutboxRelay, producer_config
 from streams.sweeper import Sweeper
 from tests.workflows_fixtures import CallLog, envelope, make_registry
 from workflows.cache import DefinitionCache
@@ -425,3 +428,30 @@ async def test_a_sweep_that_hangs_past_the_bound_makes_the_sweeper_unhealthy(
         assert health.summary.startswith("a sweep has waited 61s")
     await sweeping
     assert sweeper.health().healthy
+
+
+async def test_a_relay_pass_that_waits_on_the_store_past_the_bound_makes_it_unhealthy(
+    dsn: str, pool: Pool
+) -> None:
+    # No broker is dialled: the pass waits on its lease, before any publish.
+    relay = OutboxRelay(
+        Outbox(pool),
+        producer_config=producer_config("127.0.0.1:9"),
+        topic="workflow-run-events",
+        serializer=event_serializer(registry=None, topic="workflow-run-events"),
+        stuck_after_s=0.5,
+    )
+    async with table_locked(dsn, "workflow_run_events_outbox"):
+        passing = asyncio.ensure_future(relay.relay_once())
+        await asyncio.sleep(0.2)
+        assert not passing.done()
+        assert relay.health().healthy
+        await asyncio.sleep(0.5)
+        health = relay.health()
+        assert not health.healthy
+        assert health.detail["pass_waiting_s"] >= 0.5
+        assert health.summary.startswith("a relay pass has waited")
+    await passing
+    health = relay.health()
+    assert health.healthy and health.detail["pass_waiting_s"] == 0
+    await relay.stop()

@@ -113,6 +113,11 @@ async function failure(response) {
   return new ApiError(response.status, code, message);
 }
 
+// A job's API path: the id is text from the page's URL, never a path of its own.
+function jobPath(jobId) {
+  return `/v1/workflow-runs/${encodeURIComponent(jobId)}`;
+}
+
 async function api(method, path, body) {
   const init = { method, headers: headers(body ? { "Content-Type": "application/json" } : {}) };
   if (body !== undefined) init.body = JSON.stringify(body);
@@ -421,6 +426,15 @@ function submitPanel() {
   );
 }
 
+// A link whose job id cannot even be decoded (a stray or malformed % escape).
+function noSuchJob(raw) {
+  page(
+    h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")),
+    h("h1", { id: "job-title" }, "No such job"),
+    h("p", { class: "error" }, `The link's job id "${raw}" is malformed: it holds a % that is not an escape.`),
+  );
+}
+
 async function jobPage(jobId) {
   const controller = new AbortController();
   leave = () => controller.abort();
@@ -467,8 +481,8 @@ async function jobPage(jobId) {
   const refreshOnce = async () => {
     try {
       const [answer, why] = await Promise.all([
-        api("GET", `/v1/workflow-runs/${jobId}`),
-        api("GET", `/v1/workflow-runs/${jobId}:explain`),
+        api("GET", jobPath(jobId)),
+        api("GET", `${jobPath(jobId)}:explain`),
       ]);
       if (controller.signal.aborted) return;
       renderJob(answer.job, { header, summary, checkpoints, attempts, progress });
@@ -489,7 +503,7 @@ async function jobPage(jobId) {
   };
   await refresh();
   watch(
-    `/v1/workflow-runs/${jobId}/events`,
+    `${jobPath(jobId)}/events`,
     (message) => {
       if (message.event === "progress") {
         showProgress(progress, message.data);
@@ -648,10 +662,10 @@ async function renderActions(job, section, refresh) {
     );
   const buttons = [];
   if (!TERMINAL.has(job.status) && !job.cancel_requested_at) {
-    buttons.push(run("Cancel", "POST", `/v1/workflow-runs/${job.job_id}:cancel`, { reason: "cancelled from the dashboard" }, "danger"));
+    buttons.push(run("Cancel", "POST", `${jobPath(job.job_id)}:cancel`, { reason: "cancelled from the dashboard" }, "danger"));
   }
   if (["FAILED", "DEAD", "CANCELLED"].includes(job.status) && !job.resumed_by) {
-    buttons.push(run("Resume", "POST", `/v1/workflow-runs/${job.job_id}:resume`, {}, ""));
+    buttons.push(run("Resume", "POST", `${jobPath(job.job_id)}:resume`, {}, ""));
   }
   const children = [h("h2", {}, "Actions")];
   if (job.status === "WAITING" && job.outstanding_step) {
@@ -667,7 +681,7 @@ async function completeForm(job, refresh, result) {
   const step = job.outstanding_step;
   let form;
   try {
-    form = await api("GET", `/v1/workflow-runs/${job.job_id}/steps/${encodeURIComponent(step)}:form`);
+    form = await api("GET", `${jobPath(job.job_id)}/steps/${encodeURIComponent(step)}:form`);
   } catch (error) {
     return h("p", { class: "error" }, error.message);
   }
@@ -708,7 +722,7 @@ async function completeForm(job, refresh, result) {
           return;
         }
         try {
-          const answer = await api("POST", `/v1/workflow-runs/${job.job_id}/steps/${encodeURIComponent(step)}:complete`, { response });
+          const answer = await api("POST", `${jobPath(job.job_id)}/steps/${encodeURIComponent(step)}:complete`, { response });
           result.textContent = `${step}: ${answer.outcome}${answer.message ? ` (${answer.message})` : ""}`;
         } catch (error) {
           result.textContent = error.message;
@@ -735,7 +749,15 @@ async function route() {
     link.classList.toggle("active", (link.dataset.nav === "jobs") === path.startsWith("/jobs"));
   }
   const job = path.match(/^\/jobs\/([^/]+)$/);
-  if (job) return jobPage(decodeURIComponent(job[1]));
+  if (job) {
+    let jobId;
+    try {
+      jobId = decodeURIComponent(job[1]);
+    } catch (_) {
+      return noSuchJob(job[1]);
+    }
+    return jobPage(jobId);
+  }
   if (path === "/jobs") return jobsPage(params);
   return fleetPage();
 }

@@ -134,3 +134,37 @@ async def test_submit_watch_it_park_answer_the_review_and_see_it_complete(
             f"{exc}\npage problems: {problems}\nworker log:\n{stack.worker_logs(80)}"
         ) from exc
     assert problems == []
+
+
+async def test_a_job_link_with_a_malformed_escape_says_so_without_a_page_error(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(url + "/dashboard/#/jobs/%zz")
+    message = page.locator("#job-title", has_text="No such job")
+    await message.wait_for(timeout=TIMEOUT_MS)
+    assert "%zz" in await page.inner_text("#view")
+    assert errors == []
+
+
+async def test_the_job_id_of_a_link_goes_to_the_api_encoded(stack: Stack, browser: Browser) -> None:
+    url = await _worker_url(stack)
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    # Decoded, "?" would end the path: the API would be asked about job "a".
+    await page.goto(url + "/dashboard/#/jobs/a%3Fb")
+    notice = page.locator("#notice", has_text="INVALID_ARGUMENT")
+    await notice.wait_for(timeout=TIMEOUT_MS)
+    jobs = [u.removeprefix(url) for u in asked if "/v1/workflow-runs" in u]
+    assert "/v1/workflow-runs/a%3Fb" in jobs and "/v1/workflow-runs/a%3Fb:explain" in jobs, jobs
+    assert not any(u.startswith("/v1/workflow-runs/a?") for u in jobs), jobs

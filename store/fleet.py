@@ -23,14 +23,19 @@ from store.pool import Pool
 from store.states import STATUSES, Status
 
 # Jobs per status, and how many of them reached it in the last five minutes
-# (their throughput); the claimable QUEUED job that has waited longest (the
+# (their throughput): when a job last changed is when it reached its status,
+# but for a RUNNING one, whose every renewal and checkpoint changes it, that
+# is its claim. The claimable QUEUED job that has waited longest (the
 # claim's own condition: run_after passed, attempts left); the outbox, which
 # belongs to no owner, only when no owner is asked for.
 FLEET_SQL = f"""
 WITH counted AS (
     SELECT status,
            count(*) AS jobs,
-           count(*) FILTER (WHERE updated_at > now() - interval '5 minutes') AS recent
+           count(*) FILTER (
+               WHERE CASE WHEN status = '{Status.RUNNING.value}' THEN claimed_at ELSE updated_at END
+                     > now() - interval '5 minutes'
+           ) AS recent
       FROM workflow_run
      WHERE %(owner)s::text IS NULL OR owner = %(owner)s
      GROUP BY status

@@ -94,3 +94,22 @@ async def test_a_read_the_database_does_not_answer_gives_up_within_its_bound(
     # The connection it used went back to the pool in working order.
     counts = await fleet.read()
     assert dict(counts.jobs_by_status) == dict.fromkeys(STATUSES, 0)
+
+
+async def test_a_running_job_counts_as_reached_in_5_minutes_by_its_claim_not_its_heartbeats(
+    pool: Pool, store: RunStore
+) -> None:
+    earlier, now = await submit_many(store, 2)
+    claimed = {held.job_id: held for held in await store.claim_batch("w1", 2)}
+    async with pool.connection() as conn:
+        # Both were claimed ten minutes ago and have been updated since.
+        await conn.execute(
+            "UPDATE workflow_run SET claimed_at = claimed_at - interval '10 minutes',"
+            " updated_at = updated_at - interval '10 minutes' WHERE job_id = ANY(%s)",
+            ([earlier, now],),
+        )
+    # A heartbeat renews the lease: the job reached RUNNING no more recently for it.
+    await store.extend_lease(claimed[earlier].lease)
+    counts = await FleetStore(pool).read()
+    assert counts.jobs_by_status["RUNNING"] == 2
+    assert counts.recent_by_status["RUNNING"] == 0

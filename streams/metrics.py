@@ -104,7 +104,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "timed out or was cancelled.",
         ("workflow", "step", "outcome"),
     ),
-    MetricSpec("wfjobs_jobs_claimed_total", "counter", "Jobs this process's claims took."),
+    MetricSpec(
+        "wfjobs_jobs_claimed_total",
+        "counter",
+        "Jobs this process's claims took, one per claim (an attempt given back is claimed again).",
+    ),
     MetricSpec(
         "wfjobs_jobs_settled_total",
         "counter",

@@ -7,12 +7,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from google.protobuf.message import Message
 
+from schemas.verdicts import StepVerdict
 from store.channels import JOBS_QUEUED_CHANNEL
 from store.pool import Pool
 from store.progress import ProgressStore
@@ -27,6 +29,7 @@ from workflows.cache import DefinitionCache
 from workflows.invokers import HandlerRegistry, StepContext
 from workflows.steps import CompiledWorkflow
 
+README = Path(__file__).resolve().parents[3] / "README.md"
 REMOTE = "127.0.0.1:9"  # never dialled: the registry serves every method in-process
 
 
@@ -508,3 +511,33 @@ async def test_a_job_whose_workflow_is_compiled_runs_from_the_cache_alone(harnes
     finally:
         await loops.stop()
     assert compiled_with == []
+
+
+async def test_the_claims_counter_counts_claims_and_a_resumed_attempt_is_claimed_twice(
+    harness: Harness,
+) -> None:
+    job_id = await harness.submit(envelope(name="review"), {"text": "a b"})
+    loops = harness.loops(loops=1)
+    await loops.start()
+    try:
+        await harness.wait_status(job_id, "WAITING")
+        result = await harness.runs.complete_step(
+            job_id=job_id,
+            step_name="review",
+            response={"approved": True},
+            verify=lambda _definition, response: StepVerdict(
+                "review", accepted=True, response=response
+            ),
+        )
+        assert result.outcome == "COMPLETED"
+        done = await harness.wait_status(job_id, "COMPLETED")
+    finally:
+        await loops.stop()
+    # The complete-step gave the parked attempt back: one attempt, two claims,
+    # which is what wfjobs_jobs_claimed_total is documented to count.
+    assert done.attempt == 1
+    assert loops.stats.claimed == 2
+    [row] = [
+        line for line in README.read_text().splitlines() if "`wfjobs_jobs_claimed_total`" in line
+    ]
+    assert "one per claim" in row and "per attempt" not in row

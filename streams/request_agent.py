@@ -42,9 +42,11 @@ it cannot stall its partition forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
@@ -57,6 +59,7 @@ from schemas.serde import RequestDecoder, UndecodableMessage
 from store.errors import is_outage
 from streams.backoff import Backoff
 from streams.convert import nul_refusal, storable_json
+from streams.health import PartHealth
 from streams.jobs import Jobs, SubmitRequest, Submitted
 from streams.ownership import install_ownership
 from streams.requests_dlq import DLQ_REASON_HEADER
@@ -70,6 +73,10 @@ if TYPE_CHECKING:
     from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+# How long one attempt at a batch may wait for an answer before /healthz calls
+# the agent stuck: the claim loops' and the sweeper's bound.
+STUCK_AFTER_S = 60.0
 
 
 def _worth_waiting_out(exc: BaseException) -> bool:
@@ -126,13 +133,31 @@ class RequestHandler:
         dead_letter: DeadLetter,
         topic: str,
         jobs: Jobs | None = None,
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
+        """``stuck_after_s``: how long one attempt may wait for an answer before
+        ``health()`` calls the agent stuck."""
+        if stuck_after_s <= 0:
+            raise ValueError("stuck_after_s must be positive")
         self._jobs = jobs if jobs is not None else Jobs(runtime)
         self._principal = runtime.settings.request_principal
         self._trust_principal = runtime.settings.trust_request_principal
         self._decoder = decoder
         self._dead_letter = dead_letter
         self._topic = topic
+        self._stuck_after_s = stuck_after_s
+        # Since when the attempt in flight has waited: one that never answers
+        # (a lock, a server gone without a word) fails nothing, so nothing
+        # retries it, and the partition behind it waits for good.
+        self._attempt_started_at: float | None = None
+
+    @contextlib.contextmanager
+    def _attempt(self) -> Iterator[None]:
+        self._attempt_started_at = time.monotonic()
+        try:
+            yield
+        finally:
+            self._attempt_started_at = None
 
     async def handle(
         self,
@@ -142,15 +167,16 @@ class RequestHandler:
         position: str = "",
     ) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
-        # In a worker thread, as a batch is (see handle_batch).
-        decoded = await asyncio.to_thread(self._decode, value)
-        if isinstance(decoded, str):
-            return await self.reject(key, value, decoded, position)
-        try:
-            return await self._submit(decoded, trace)
-        except UnstorableValue as exc:
-            # The database refuses this request's values, now and on every try.
-            return await self.reject(key, value, exc.message, position)
+        with self._attempt():
+            # In a worker thread, as a batch is (see handle_batch).
+            decoded = await asyncio.to_thread(self._decode, value)
+            if isinstance(decoded, str):
+                return await self.reject(key, value, decoded, position)
+            try:
+                return await self._submit(decoded, trace)
+            except UnstorableValue as exc:
+                # The database refuses this request's values, now and on every try.
+                return await self.reject(key, value, exc.message, position)
 
     async def handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
         """One attempt at many messages, one outcome each, in order.
@@ -160,6 +186,10 @@ class RequestHandler:
         failures propagate (nothing is acknowledged), and a retry's replay is
         absorbed by the idempotent submit.
         """
+        with self._attempt():
+            return await self._handle_batch(messages)
+
+    async def _handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
         values = [message.value for message in messages]
         # In a worker thread, one hop for the batch: a framed value may need the
         # registry (a blocking HTTP call, once per schema id), and checking and
@@ -199,6 +229,20 @@ class RequestHandler:
             else:
                 outcomes.append(_outcome(next(submitted)))
         return outcomes
+
+    def health(self) -> PartHealth:
+        """Stuck while one attempt has waited past the bound for the store, registry or
+        broker. An outage or a full backlog is retried in place, which is not stuck."""
+        since = self._attempt_started_at
+        waiting_for = time.monotonic() - since if since is not None else 0.0
+        hung = waiting_for > self._stuck_after_s
+        summary = f"a request batch has waited {waiting_for:.0f}s for an answer"
+        return PartHealth(
+            "request_agent",
+            healthy=not hung,
+            summary=summary if hung else "ok",
+            detail={"request_waiting_s": round(waiting_for, 3)},
+        )
 
     def _decode(self, value: bytes | None) -> Decoded | str:
         """The request and its input, or why it goes to the dead-letter topic."""
@@ -417,6 +461,7 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
     handler = RequestHandler(
         runtime, decoder=decoder, dead_letter=dead_letter, topic=settings.requests_topic
     )
+    runtime.register_health(handler.health)
 
     async def consume(stream: StreamT[bytes]) -> None:
         await declare(app, settings, settings.dlq_topic, settings.events_topic)

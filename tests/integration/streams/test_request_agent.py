@@ -22,7 +22,7 @@ from schemas.errors import NotFound, ResourceExhausted, UnstorableValue
 from schemas.serde import RequestDecoder
 from store.runs import RunStore
 from streams.admission import Admission, QueueDepth
-from streams.request_agent import RequestHandler, handle_until_done
+from streams.request_agent import Message, RequestHandler, handle_until_done
 from streams.requests_dlq import DLQ_REASON_HEADER
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import Letters, running
@@ -299,3 +299,30 @@ async def test_a_workflow_name_holding_nul_is_dead_lettered_naming_the_field(
     ]
     with pytest.raises(NotFound):
         await runtime.require_runs().get(job_id)
+
+
+async def test_a_submit_that_waits_on_the_store_past_the_bound_makes_the_agent_unhealthy(
+    runtime: Runtime, letters: Letters, dsn: str
+) -> None:
+    handler = RequestHandler(
+        runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t", stuck_after_s=0.5
+    )
+    job_id = str(uuid.uuid4())
+    message = Message(job_id.encode(), request(job_id))
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        # What a submit meets behind a migration's lock, or on a server gone silent.
+        await holder.execute("LOCK TABLE workflow_run IN ACCESS EXCLUSIVE MODE")
+        submitting = asyncio.ensure_future(handler.handle_batch([message]))
+        await asyncio.sleep(0.2)
+        assert not submitting.done()
+        assert handler.health().healthy
+        await asyncio.sleep(0.5)
+        health = handler.health()
+        assert not health.healthy
+        assert health.detail["request_waiting_s"] >= 0.5
+        assert health.summary.startswith("a request batch has waited")
+        await holder.rollback()
+    [outcome] = await submitting
+    assert outcome.kind == "submitted"
+    health = handler.health()
+    assert health.healthy and health.detail["request_waiting_s"] == 0

@@ -82,6 +82,11 @@ class UndecodableMessage(InvalidArgument):
 
 # --------------------------------------------------------------------------- registry
 
+# Seconds one registry request may take. The client's own default is none: a
+# registry that takes the connection and never answers held the relay's pass,
+# and every decode of a framed value, for ever, failing nothing.
+REGISTRY_TIMEOUT_S = 10.0
+
 
 def open_registry(
     url: str,
@@ -100,7 +105,9 @@ def open_registry(
     process that uses the same topic names; bytes framed by one process then decode
     through the registry in another.
     """
-    client = SchemaRegistryClient.new_client({**(conf or {}), "url": url})
+    client = SchemaRegistryClient.new_client(
+        {"timeout": REGISTRY_TIMEOUT_S, **(conf or {}), "url": url}
+    )
     if url.startswith("mock://"):
         ProtobufFramer(WorkflowRunEvent, client, events_topic).prepare()
         AvroEventSerializer(client, events_topic).prepare()

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import threading
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -31,6 +34,7 @@ from schemas.contract import (
 )
 from schemas.errors import InvalidArgument, Unavailable
 from schemas.serde import (
+    REGISTRY_TIMEOUT_S,
     AvroEventSerializer,
     EventDecoder,
     MessageDecoder,
@@ -316,6 +320,33 @@ def test_an_unreachable_registry_is_unavailable_not_undecodable() -> None:
         RequestDecoder(registry).decode(framed)
     with pytest.raises(Unavailable):
         EventDecoder(registry).decode(framed)
+
+
+def test_a_registry_that_never_answers_is_unavailable_within_its_timeout() -> None:
+    # A registry that takes the connection and says nothing (overloaded, or a
+    # half-open connection): without a timeout, every lookup waited for ever.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        registry = open_registry(url, conf={"max.retries": 0})
+        framed = b"\x00\x00\x00\x00\x07\x00\x0a\x01a"
+        caught: list[BaseException] = []
+
+        def decode() -> None:
+            try:
+                RequestDecoder(registry).decode(framed)
+            except BaseException as exc:
+                caught.append(exc)
+
+        began = time.monotonic()
+        lookup = threading.Thread(target=decode, daemon=True)
+        lookup.start()
+        lookup.join(REGISTRY_TIMEOUT_S + 5)
+        assert not lookup.is_alive(), "the lookup is still waiting for the registry"
+    assert time.monotonic() - began >= REGISTRY_TIMEOUT_S - 1
+    [error] = caught
+    assert isinstance(error, Unavailable)
 
 
 def test_a_value_framed_with_another_messages_schema_is_undecodable() -> None:

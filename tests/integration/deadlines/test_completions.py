@@ -11,6 +11,7 @@ import math
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from aiohttp.test_utils import TestClient
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -187,3 +188,28 @@ async def test_a_large_completion_is_decided_off_the_event_loop(
     answer, longest = await with_longest_gap(handler.handle(value))
     assert answer.outcome == Outcome.INVALID and "xs" in answer.message  # no such field
     assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+
+
+async def test_a_completion_that_waits_on_the_store_past_the_bound_makes_the_agent_unhealthy(
+    app: App,
+) -> None:
+    _, runtime = app
+    handler = CompletionHandler(
+        runtime, decoder=MessageDecoder(StepCompletion, topic="t"), stuck_after_s=0.5
+    )
+    async with await psycopg.AsyncConnection.connect(runtime.settings.database_url) as holder:
+        # What a completion meets behind a migration's lock, or on a server gone silent.
+        await holder.execute("LOCK TABLE workflow_run IN ACCESS EXCLUSIVE MODE")
+        completing = asyncio.ensure_future(handler.handle(completion(str(uuid.uuid4()))))
+        await asyncio.sleep(0.2)
+        assert not completing.done()
+        assert handler.health().healthy
+        await asyncio.sleep(0.5)
+        health = handler.health()
+        assert not health.healthy
+        assert health.detail["completion_waiting_s"] >= 0.5
+        assert health.summary.startswith("a completion has waited")
+        await holder.rollback()
+    assert (await completing).outcome == Outcome.NOT_FOUND
+    health = handler.health()
+    assert health.healthy and health.detail["completion_waiting_s"] == 0

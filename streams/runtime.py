@@ -504,6 +504,9 @@ class Runtime(mode.Service):
                 ping(self.pool, self.settings.database_url, STORE_CHECK_S)
             )
             self._store_check_began = time.monotonic()
+            # A check that outlived its probes has its error read all the same:
+            # the next probe replaces it, and asyncio would log it as unretrieved.
+            check.add_done_callback(_read_outcome)
         done, _ = await asyncio.wait({check}, timeout=STORE_CHECK_S)
         if not done:
             waited = time.monotonic() - self._store_check_began
@@ -598,6 +601,11 @@ class Runtime(mode.Service):
                 return StepVerdict(step_name, False, response, (str(failure),))
 
         return verify
+
+
+def _read_outcome(check: asyncio.Future[Any]) -> None:
+    if not check.cancelled():
+        check.exception()
 
 
 def _store_down(summary: str) -> PartHealth:

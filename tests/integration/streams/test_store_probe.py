@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import time
 from collections.abc import Iterator
 
+import pytest
+
+from streams.runtime import STORE_CHECK_S
 from tests.integration.streams.conftest import serve
 
 ONE_CONNECTION = {"WFJOBS_POOL_MIN": "1", "WFJOBS_POOL_MAX": "1"}
@@ -58,3 +62,20 @@ async def test_a_pool_busy_with_work_is_alive_but_not_ready(dsn: str) -> None:
             assert store["summary"].startswith("busy")
             assert (await client.get("/readyz")).status == 503
         assert (await client.get("/readyz")).status == 200
+
+
+async def test_a_check_no_probe_waited_out_leaves_no_unretrieved_error_in_the_log(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serve({"DATABASE_URL": dsn, **ONE_CONNECTION}, token=False) as (client, runtime):
+        assert (await client.get("/healthz")).status == 200
+        assert runtime.pool is not None
+        async with runtime.pool.connection() as conn:
+            backend = conn.info.backend_pid
+        with stopped(backend):
+            assert (await client.get("/healthz")).status == 503
+            # The check gives up on the server meanwhile, with nobody waiting for it.
+            await asyncio.sleep(STORE_CHECK_S + 12)
+        assert (await client.get("/healthz")).status == 200
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -117,6 +117,9 @@ from store.submit_group import SubmitGroup
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
 MAX_ATTEMPTS_CEILING = 100
+# The longest a retry's backoff may be configured to wait: a year, far below
+# the last date a row's run_after (or a Python datetime) can hold.
+RETRY_MAX_CEILING_S = 365 * 86_400.0
 # Error and verdict texts in rows and events are cut to this many UTF-8 bytes
 # (or a quarter of the event limit, if smaller): a FAILED event carries the
 # text twice at most, and must fit.
@@ -196,6 +199,7 @@ class RunStore:
         pool: Pool,
         *,
         retry_base_s: float = 5.0,
+        retry_max_s: float = 3600.0,
         default_max_attempts: int = 3,
         lease_s: float = 300.0,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
@@ -221,6 +225,8 @@ class RunStore:
         hands out the connection idle longest, a cold backend each time."""
         if retry_base_s <= 0 or lease_s <= 0:
             raise ValueError("retry_base_s and lease_s must be positive")
+        if not 0 < retry_max_s <= RETRY_MAX_CEILING_S:
+            raise ValueError(f"retry_max_s must be within 0..{RETRY_MAX_CEILING_S:.0f} seconds")
         if max_event_bytes < MIN_EVENT_BYTES:
             raise ValueError(f"max_event_bytes must be at least {MIN_EVENT_BYTES}")
         if not 1 <= default_max_attempts <= MAX_ATTEMPTS_CEILING:
@@ -228,6 +234,7 @@ class RunStore:
         self._pool = pool
         self._claim_pool = claim_pool
         self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
         self.default_max_attempts = default_max_attempts
         self.lease_s = lease_s
         self.max_event_bytes = max_event_bytes
@@ -646,17 +653,17 @@ class RunStore:
 
         Either way the attempt joins the history with ``error_class``; a
         requeue publishes RETRY_SCHEDULED with its next run time, DEAD its DEAD.
-        The backoff (``retry_base_s`` doubled per attempt spent) is counted
-        from now on the database clock, as the claim measured it against this
-        process's (``Lease.clock_offset_s``), so the row and the event name the
-        same instant.
+        The backoff (``retry_delay_s``) is counted from now on the database
+        clock, as the claim measured it against this process's
+        (``Lease.clock_offset_s``), so the row and the event name the same
+        instant.
         """
         error = self._event_text(error)
         dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
         next_run_at = (
             _now()
             + timedelta(seconds=lease.clock_offset_s)
-            + timedelta(seconds=self.retry_base_s * 2 ** max(lease.attempt - 1, 0))
+            + timedelta(seconds=self.retry_delay_s(lease.attempt))
         )
         retry_event = _lease_event(
             lease, EventType.TYPE_RETRY_SCHEDULED, error=error, next_run_at=next_run_at
@@ -700,6 +707,14 @@ class RunStore:
         return RetryOutcome(
             status=Status(status), attempt=attempt, max_attempts=max_attempts, run_after=run_after
         )
+
+    def retry_delay_s(self, attempt: int) -> float:
+        """The backoff after ``attempt`` failed: ``base x 2^(attempt-1)``, capped.
+
+        Uncapped, the default base doubled past attempt 36 lands beyond the
+        last date a row can hold; the float product of a large base can only
+        reach infinity, which the cap takes in."""
+        return min(self.retry_max_s, self.retry_base_s * 2.0 ** max(attempt - 1, 0))
 
     async def hand_back(self, lease: Lease) -> None:
         """QUEUED now, the attempt given back, no event: for shutdown or a store failure.

@@ -232,6 +232,7 @@ class Runtime(mode.Service):
             commit_pool=self.commit_pool,
             submit_pool=self.submit_pool,
             retry_base_s=settings.retry_base_s,
+            retry_max_s=settings.retry_max_s,
             default_max_attempts=settings.max_attempts,
             lease_s=settings.lease_s,
             max_event_bytes=settings.max_event_bytes,

@@ -19,6 +19,7 @@ from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
 from store import databases, pool
+from store.runs import RETRY_MAX_CEILING_S
 from streams import kafka_security as client_security
 from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
@@ -187,6 +188,8 @@ class Settings:
     sweep_interval_s: float = field(default=10.0, metadata={"env": "WFJOBS_SWEEP_INTERVAL_S"})
     max_attempts: int = field(default=3, metadata={"env": "WFJOBS_MAX_ATTEMPTS"})
     retry_base_s: float = field(default=5.0, metadata={"env": "WFJOBS_RETRY_BASE_S"})
+    # Longest backoff of a retry, however many attempts were spent.
+    retry_max_s: float = field(default=3600.0, metadata={"env": "WFJOBS_RETRY_MAX_S"})
     max_concurrent_per_target: int = field(
         default=8, metadata={"env": "WFJOBS_MAX_CONCURRENT_PER_TARGET"}
     )
@@ -418,6 +421,7 @@ class Settings:
             "sweep_interval_s",
             "max_attempts",
             "retry_base_s",
+            "retry_max_s",
             "max_concurrent_per_target",
             "relay_interval_s",
             "relay_batch",
@@ -450,6 +454,11 @@ class Settings:
                 raise SettingsError(
                     f"{self.env_name(attribute)} must be positive, got {getattr(self, attribute)}"
                 )
+        if self.retry_max_s > RETRY_MAX_CEILING_S:
+            raise SettingsError(
+                f"WFJOBS_RETRY_MAX_S must be at most {RETRY_MAX_CEILING_S:.0f} (a year), "
+                f"got {self.retry_max_s}"
+            )
         if self.max_event_bytes < MIN_EVENT_BYTES:
             raise SettingsError(
                 f"WFJOBS_MAX_EVENT_BYTES must be at least {MIN_EVENT_BYTES}, "

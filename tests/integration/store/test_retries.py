@@ -115,3 +115,58 @@ async def test_the_backoff_base_is_configurable(pool: Pool) -> None:
         expected.append((job.run_after - job.updated_at).total_seconds())
         await age_rows(pool, 10.0 * 2 ** (attempt - 1) + ROUND_TRIPS_S, job_id)
     assert expected == pytest.approx([10.0, 20.0, 40.0], abs=ROUND_TRIPS_S)
+
+
+async def _set_attempt(pool: Pool, job_id: uuid.UUID, attempt: int) -> None:
+    # Stands in for the attempts spent before: the next claim counts attempt + 1.
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET attempt = %s WHERE job_id = %s", (attempt, job_id)
+        )
+
+
+@pytest.mark.parametrize("group_commit", [True, False])
+async def test_the_backoff_stops_at_its_cap_up_to_the_last_allowed_attempt(
+    pool: Pool, outbox: Outbox, group_commit: bool
+) -> None:
+    store = RunStore(pool, group_commit=group_commit)
+    job_id = (await submit(store, max_attempts=100)).job.job_id
+    # 5 s doubled 36 times and more is past any date a row can hold.
+    for attempt in (37, 99):
+        await _set_attempt(pool, job_id, attempt - 1)
+        claimed = await store.claim("w1")
+        assert claimed is not None and claimed.lease.attempt == attempt
+        outcome = await store.retry_or_die(claimed.lease, f"UNAVAILABLE #{attempt}")
+        job = await store.get(job_id)
+        assert (outcome.status, job.error) == ("QUEUED", f"UNAVAILABLE #{attempt}")
+        assert job.run_after - job.updated_at == pytest.approx(
+            timedelta(seconds=store.retry_max_s), abs=timedelta(seconds=ROUND_TRIPS_S)
+        )
+        await _let_the_backoff_pass(pool, job_id)
+    claimed = await store.claim("w1")
+    assert claimed is not None and claimed.lease.attempt == 100
+    outcome = await store.retry_or_die(claimed.lease, "UNAVAILABLE #100")
+    assert outcome.dead
+    job = await store.get(job_id)
+    assert (job.status, job.error) == ("DEAD", "UNAVAILABLE #100")
+    events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
+    assert [event.type for event in events][-1] == EventType.TYPE_DEAD
+
+
+@pytest.mark.parametrize("base_s", [3600.0 * 24 * 365 * 10_000, 1e300])
+async def test_a_base_above_the_cap_waits_the_cap(pool: Pool, base_s: float) -> None:
+    store = RunStore(pool, retry_base_s=base_s, retry_max_s=120.0)
+    job_id = (await submit(store)).job.job_id
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    outcome = await store.retry_or_die(claimed.lease, "UNAVAILABLE")
+    job = await store.get(job_id)
+    assert outcome.status == "QUEUED"
+    assert job.run_after - job.updated_at == pytest.approx(
+        timedelta(seconds=120.0), abs=timedelta(seconds=ROUND_TRIPS_S)
+    )
+
+
+async def test_the_backoff_cap_must_be_positive(pool: Pool) -> None:
+    with pytest.raises(ValueError, match="retry_max_s"):
+        RunStore(pool, retry_max_s=0.0)

@@ -18,6 +18,7 @@ def test_defaults() -> None:
     assert settings.broker_url == "kafka://127.0.0.1:9092"
     assert settings.store_configured is False
     assert settings.max_queued_jobs == 0  # no admission cap unless asked for
+    assert (settings.retry_base_s, settings.retry_max_s) == (5.0, 3600.0)
     assert settings.effective_heartbeat_s == pytest.approx(100.0)
 
 
@@ -58,6 +59,8 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_EVENT_FORMAT": "avro"}, "WFJOBS_EVENT_FORMAT=avro needs WFJOBS_SCHEMA_REGISTRY"),
         ({"WFJOBS_AUTH": "maybe"}, "WFJOBS_AUTH must be 'on' or 'off', got 'maybe'"),
         ({"WFJOBS_RELAY_LINGER_MS": "-1"}, "WFJOBS_RELAY_LINGER_MS must not be negative"),
+        ({"WFJOBS_RETRY_MAX_S": "0"}, "WFJOBS_RETRY_MAX_S must be positive"),
+        ({"WFJOBS_RETRY_MAX_S": "1e12"}, "WFJOBS_RETRY_MAX_S must be at most 31536000 "),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None:

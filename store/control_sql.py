@@ -14,6 +14,7 @@ from store.run_sql import (
     LEASE_FENCE,
     PLAIN_COLUMNS,
     SNAPSHOT_LOCK_CLASS,
+    WAITING_ONLY,
     job_columns,
     status_literal,
 )
@@ -37,14 +38,15 @@ _NO_DEFINITION = "NULL::jsonb"
 # A QUEUED or WAITING job has no worker: it is CANCELLED here, with its event.
 # The caller holds the rows' locks (it read their status to build the events),
 # so the status condition only guards a caller's mistake. Everything else the
-# row says (the step it was parked on, its checkpoints) stays as evidence.
+# row says (the step it was parked on, its checkpoints) stays as evidence, but
+# the review request and step deadline (``WAITING_ONLY``) no longer apply.
 CANCEL_NOW_SQL = f"""
 WITH asked AS (
     SELECT * FROM unnest(%(job_ids)s::uuid[], %(payloads)s::bytea[]) AS asked(job_id, payload)
 ), changed AS (
     UPDATE workflow_run AS r
        SET status = {status_literal(CANCEL_QUEUED[1])}, cancel_requested_at = now(),
-           cancel_reason = %(reason)s, updated_at = now()
+           cancel_reason = %(reason)s, {WAITING_ONLY}, updated_at = now()
       FROM asked
      WHERE r.job_id = asked.job_id AND r.status IN ({_AT_ONCE})
     RETURNING {job_columns("r", definition=_NO_DEFINITION)}

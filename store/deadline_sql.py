@@ -12,6 +12,7 @@ history row of the attempt the deadline ended. A row that moved in between
 from __future__ import annotations
 
 from store.history_sql import ENDED_COLUMNS, ErrorClass, Outcome, attempt_insert
+from store.run_sql import WAITING_ONLY
 from store.states import Status, transition
 
 # Every move of the deadline pass, checked against the state machine at import.
@@ -65,7 +66,7 @@ WITH passed AS (
 ), changed AS (
     UPDATE workflow_run AS r
        SET status = '{Status.FAILED.value}', error = passed.error, verdict = NULL,
-           lease_until = NULL, updated_at = now()
+           {WAITING_ONLY}, lease_until = NULL, updated_at = now()
       FROM passed
      WHERE r.job_id = passed.job_id AND r.status = passed.was AND r.status IN ({_LIVE})
     RETURNING {", ".join(f"r.{column}" for column in ENDED_COLUMNS.split(", "))},
@@ -96,7 +97,7 @@ WITH taken AS (
     UPDATE workflow_run AS r
        SET status = '{STEP_FALLBACK[1]}',
            checkpoints = r.checkpoints || jsonb_build_array(taken.entry::jsonb),
-           outstanding_step = NULL, step_deadline_at = NULL, run_after = now(),
+           outstanding_step = NULL, {WAITING_ONLY}, run_after = now(),
            attempt = greatest(r.attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
       FROM taken

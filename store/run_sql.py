@@ -114,6 +114,11 @@ EXHAUSTED = transition(Status.QUEUED, Status.DEAD)
 RESUME = transition(Status.WAITING, Status.QUEUED)
 REJECT = transition(Status.WAITING, Status.FAILED)
 
+# What a job parked on a step shows of it (the request its reviewer is asked,
+# the step's deadline) is the parked step's alone: every move out of WAITING
+# clears it in the same statement, so a requeued or ended job does not show it.
+WAITING_ONLY = "review_request = NULL, step_deadline_at = NULL"
+
 # The fence every write a worker makes names: its lease. Fenced writes only ever
 # touch a RUNNING row, as the lease exists only there.
 LEASE_FENCE = (
@@ -488,13 +493,14 @@ SELECT {job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
    FOR UPDATE
 """
 
-# The resume gives the parked attempt back (see ``store.runs``).
+# The resume gives the parked attempt back (see ``store.runs``). The review
+# request and the step deadline are the parked step's (``WAITING_ONLY``).
 ACCEPT_STEP_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = {status_literal(RESUME[1])},
            checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
-           outstanding_step = NULL, step_deadline_at = NULL, run_after = now(),
+           outstanding_step = NULL, {WAITING_ONLY}, run_after = now(),
            attempt = greatest(attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {status_literal(RESUME[0])}
@@ -510,7 +516,7 @@ REJECT_STEP_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
        SET status = {status_literal(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
-           updated_at = now()
+           {WAITING_ONLY}, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {status_literal(REJECT[0])}
     RETURNING {job_columns("workflow_run")}
 ), event AS (

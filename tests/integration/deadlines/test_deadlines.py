@@ -261,3 +261,81 @@ async def test_a_pass_over_many_timed_out_steps_reads_their_definition_once(app:
     swept, longest = await with_longest_gap(runs.sweep_deadlines(fallback_of=runtime.step_fallback))
     assert swept.fallbacks == 600
     assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+
+
+async def _shown(client: TestClient[Any, Any], job_id: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/workflow-runs/{job_id}")
+    assert response.status == 200, await response.text()
+    job: dict[str, Any] = (await response.json())["job"]
+    return job
+
+
+async def _step_deadline_passes(runs: RunStore, job_id: str) -> None:
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET step_deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+
+
+async def test_a_job_that_leaves_waiting_shows_no_review_request_or_step_deadline(
+    app: App,
+) -> None:
+    # Both belong to the parked step: once the job moves on, a reviewer's
+    # request and a deadline nobody enforces any more would only mislead.
+    client, runtime = app
+    runs = runtime.require_runs()
+    # Every job parked first: a claim takes the oldest QUEUED job.
+    parked: dict[str, ClaimedJob] = {}
+    for job_id, name, extra in (
+        ("accepted", "timed", {}),
+        ("rejected", "timed", {}),
+        ("cancelled", "timed", {}),
+        ("fallback", "fallback", {}),
+        ("timed_out", "timed", {}),
+        ("overdue", "timed", {"deadline_ms": 60_000}),
+    ):
+        submitted = (await _submit(client, name, **extra))["job_id"]
+        parked[job_id] = await _park(runs, submitted)
+    ids = {way: str(claimed.job_id) for way, claimed in parked.items()}
+    for job_id in ids.values():
+        assert (await _shown(client, job_id))["review_request"]
+
+    answer = await client.post(
+        f"/v1/workflow-runs/{ids['accepted']}/steps/review:complete",
+        json={"response": {"approved": True, "reviewer": "ann"}},
+    )
+    assert (await answer.json())["outcome"] == "COMPLETED"
+    answer = await client.post(
+        f"/v1/workflow-runs/{ids['rejected']}/steps/review:complete",
+        json={"response": {"approved": False, "reviewer": "ann"}},
+    )
+    assert (await answer.json())["outcome"] == "REJECTED"
+    answer = await client.post(f"/v1/workflow-runs/{ids['cancelled']}:cancel", json={})
+    assert (await answer.json())["outcome"] == "CANCELLED"
+    later = parked["overdue"].job.claimed_at + timedelta(minutes=5)  # type: ignore[operator]
+    for way in ("fallback", "timed_out"):
+        await _step_deadline_passes(runs, ids[way])
+    swept = await runs.sweep_deadlines(fallback_of=runtime.step_fallback)
+    assert (swept.job_deadlines, swept.step_timeouts, swept.fallbacks) == (0, 1, 1)
+    assert (await runs.sweep_deadlines(now=later)).job_deadlines == 1
+
+    left = {
+        "accepted": "QUEUED",
+        "rejected": "FAILED",
+        "cancelled": "CANCELLED",
+        "fallback": "QUEUED",
+        "timed_out": "FAILED",
+        "overdue": "FAILED",
+    }
+    for way, status in left.items():
+        shown = await _shown(client, ids[way])
+        assert shown["status"] == status, way
+        assert "review_request" not in shown and "step_deadline" not in shown, (way, shown)
+        job = await runs.get(ids[way])
+        assert (job.review_request, job.step_deadline_at) == (None, None), way
+
+    # Claimed again, a requeued job shows nothing of the step it left.
+    claimed = await _claim(runs, ids["accepted"])
+    assert (claimed.job.review_request, claimed.job.step_deadline_at) == (None, None)

@@ -10,7 +10,8 @@ fits what the producer may send):
 
 * COMPLETED, ALREADY_DONE, REJECTED: the gate's own answers (REJECTED: the
   response broke the step's rules and the job FAILED with that verdict);
-* WRONG_STATE: the job is not parked on that step;
+* WRONG_STATE: the job is not parked on that step, or the step's fallback
+  was taken when its timeout passed and this response was not used;
 * NOT_FOUND: no such job, or not one the completion's principal may reach;
 * INVALID: the value is not a StepCompletion, breaks its rules, or names a
   response that does not fit the step. The agent answers and moves on.

@@ -452,8 +452,8 @@ class Jobs:
         """Answer the external step a job is parked on.
 
         COMPLETED, ALREADY_DONE and REJECTED (the job FAILED with that verdict)
-        are answers; a job that is not WAITING on ``step_name`` raises
-        ``WrongState``.
+        are answers; a job that is not WAITING on ``step_name``, or a step whose
+        fallback was taken in place of this response, raises ``WrongState``.
         """
         with outages_as_unavailable():
             runs = self._runtime.require_runs()
@@ -476,6 +476,19 @@ class Jobs:
             )
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)
+        if result.outcome == "ALREADY_DONE" and job.definition is not None:
+            # A fallback the sweeper took is the step's answer too, but not
+            # this caller's: told ALREADY_DONE, a reviewer would think theirs counted.
+            recorded = next(
+                (e.get("response") for e in result.job.checkpoints if e.get("name") == step_name),
+                None,
+            )
+            workflow = self._runtime.compile(job.definition, job.definition_hash)
+            if workflow.lost_to_fallback(step_name, recorded, response):
+                raise WrongState(
+                    f"step {step_name!r} of job {job_id} was not completed before its timeout: "
+                    "its fallback response was taken instead, and this response was not used"
+                )
         return result
 
     async def step_form(

@@ -355,6 +355,22 @@ class CompiledWorkflow:
             return StepVerdict(step_name, False, response_json, tuple(violations))
         return StepVerdict(step_name, True, response_json)
 
+    def lost_to_fallback(self, step_name: str, recorded: Any, response: Any) -> bool:
+        """Whether ``response``, sent for a step that is done, was beaten by its
+        fallback: the step's checkpoint (``recorded``) is the fallback it
+        declares, and ``response`` is another one (or none the step can take).
+
+        A pure function; an unknown step or one without a fallback never lost."""
+        step = self._by_name.get(step_name)
+        if step is None or step.fallback is None or recorded != step.fallback:
+            return False
+        codec = step.response_codec
+        try:
+            sent = codec.encode(codec.decode_strict(response, "response"))
+        except MessageError:
+            return True
+        return bool(sent != recorded)
+
     def compute_output(self, scope: Scope) -> dict[str, Any]:
         """The job's result: the output mapping, or the last step's response."""
         if not self.output:

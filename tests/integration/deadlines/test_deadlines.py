@@ -13,11 +13,19 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from schemas.contract import MIN_EVENT_BYTES, EventType, decode_event
+from schemas.contract import (
+    MIN_EVENT_BYTES,
+    EventType,
+    StepCompletion,
+    StepCompletionResult,
+    decode_event,
+)
 from schemas.errors import LeaseLost
+from schemas.serde import MessageDecoder
 from store.outbox import Outbox
 from store.records import ClaimedJob
 from store.runs import RunStore
+from streams.completions_agent import CompletionHandler
 from streams.runtime import Runtime
 from streams.sweeper import Sweeper
 from tests.integration.deadlines.conftest import timed_workflow
@@ -339,3 +347,51 @@ async def test_a_job_that_leaves_waiting_shows_no_review_request_or_step_deadlin
     # Claimed again, a requeued job shows nothing of the step it left.
     claimed = await _claim(runs, ids["accepted"])
     assert (claimed.job.review_request, claimed.job.step_deadline_at) == (None, None)
+
+
+async def test_a_completion_after_the_fallback_was_taken_is_told_it_was_not_used(
+    app: App,
+) -> None:
+    client, runtime = app
+    runs = runtime.require_runs()
+    job_id = (await _submit(client, "fallback"))["job_id"]
+    await _park(runs, job_id)
+    await _step_deadline_passes(runs, job_id)
+    assert (await runs.sweep_deadlines(fallback_of=runtime.step_fallback)).fallbacks == 1
+
+    human = {"approved": True, "reviewer": "ann", "note": "late, but here"}
+    late = await client.post(
+        f"/v1/workflow-runs/{job_id}/steps/review:complete", json={"response": human}
+    )
+    assert late.status == 409, await late.text()
+    body = await late.json()
+    assert body["code"] == "WRONG_STATE"
+    assert "fallback" in body["message"] and "not used" in body["message"]
+    handler = CompletionHandler(runtime, decoder=MessageDecoder(StepCompletion, topic="t"))
+    message = StepCompletion(job_id=job_id, step_name="review", principal="tester")
+    message.response.update(human)
+    answer = await handler.handle(message.SerializeToString())
+    assert answer.outcome == StepCompletionResult.Outcome.WRONG_STATE, answer
+    job = await runs.get(job_id)
+    assert job.checkpoints[-1]["response"]["reviewer"] == "nobody came"
+
+    # The fallback's own response is what the step holds: that one is done.
+    same = await client.post(
+        f"/v1/workflow-runs/{job_id}/steps/review:complete",
+        json={"response": {"approved": True, "reviewer": "nobody came"}},
+    )
+    assert (same.status, (await same.json())["outcome"]) == (200, "ALREADY_DONE")
+
+
+async def test_a_replayed_completion_of_a_step_with_a_fallback_is_already_done(
+    app: App,
+) -> None:
+    client, runtime = app
+    job_id = (await _submit(client, "fallback"))["job_id"]
+    await _park(runtime.require_runs(), job_id)
+    human = {"approved": True, "reviewer": "ann"}
+    for outcome in ("COMPLETED", "ALREADY_DONE"):
+        answer = await client.post(
+            f"/v1/workflow-runs/{job_id}/steps/review:complete", json={"response": human}
+        )
+        assert (answer.status, (await answer.json())["outcome"]) == (200, outcome)

@@ -261,8 +261,9 @@ class OutboxState:
     last_error: str | None
 
 
-# ``RunStore.complete_step``'s gate: (definition snapshot, response) -> verdict.
-StepVerifier = Callable[[dict[str, Any], dict[str, Any]], StepVerdict]
+# ``RunStore.complete_step``'s gate: response -> verdict, judged by the job's
+# definition, which the caller binds (the store does not read it).
+StepVerifier = Callable[[dict[str, Any]], StepVerdict]
 
 
 def job_from_row(row: Sequence[Any]) -> Job:

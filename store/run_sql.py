@@ -488,8 +488,12 @@ TRANSACTION_NOW_SQL = "SELECT now()"
 
 # --------------------------------------------------------------------------- complete-step
 
+# The callers that lock a job (complete-step, cancel) answer with it, and an
+# answer holds no definition: read under the lock, the snapshot (most of a
+# megabyte, for some) would only be shipped and dropped while the lock is held.
 LOCK_JOB_SQL = f"""
-SELECT {job_columns("workflow_run")} FROM workflow_run WHERE job_id = %(job_id)s
+SELECT {job_columns("workflow_run", definition="NULL::jsonb")} FROM workflow_run
+ WHERE job_id = %(job_id)s
    FOR UPDATE
 """
 
@@ -504,7 +508,7 @@ WITH changed AS (
            attempt = greatest(attempt - 1, 0),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {status_literal(RESUME[0])}
-    RETURNING {job_columns("workflow_run")}
+    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id, %(event_type)s, %(payload)s FROM changed
@@ -518,7 +522,7 @@ WITH changed AS (
        SET status = {status_literal(REJECT[1])}, verdict = %(verdict)s, error = %(error)s,
            {WAITING_ONLY}, updated_at = now()
      WHERE job_id = %(job_id)s AND status = {status_literal(REJECT[0])}
-    RETURNING {job_columns("workflow_run")}
+    RETURNING {job_columns("workflow_run", definition="NULL::jsonb")}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
     SELECT job_id, %(event_type)s, %(payload)s FROM changed

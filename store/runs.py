@@ -1029,9 +1029,10 @@ class RunStore:
     ) -> CompleteStepResult:
         """Answer a parked external step, gated again under the row lock.
 
-        ``verify(definition_snapshot, response)`` judges the response (parse
-        against the step's output type, run its validate rules); it runs while
-        the row is locked, so it must be quick and free of I/O.
+        ``verify(response)`` judges the response by the job's definition
+        (parse against the step's output type, run its validate rules); it
+        runs while the row is locked, so it must be quick and free of I/O. The
+        job answered holds no definition.
         """
         job_id = _as_uuid(job_id)
         if not step_name:
@@ -1051,7 +1052,7 @@ class RunStore:
                     job,
                     f"job {job_id} is {job.status}{waiting}, not WAITING on step {step_name!r}",
                 )
-            verdict = verify(job.definition or {}, response)
+            verdict = verify(response)
             outcome: StepOutcome
             if verdict.accepted:
                 entry = {"name": step_name, "skipped": False, "response": verdict.response}

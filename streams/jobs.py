@@ -468,11 +468,7 @@ class Jobs:
                 job_id=job_id,
                 step_name=step_name,
                 response=response,
-                verify=self._runtime.step_verifier(
-                    step_name,
-                    input=job.input if parked_here else None,
-                    checkpoints=job.checkpoints if parked_here else (),
-                ),
+                verify=self._runtime.step_verifier(step_name, job, parked_here=parked_here),
             )
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)

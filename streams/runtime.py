@@ -26,7 +26,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
@@ -569,19 +569,27 @@ class Runtime(mode.Service):
     def step_verifier(
         self,
         step_name: str,
+        job: Job,
         *,
-        input: Mapping[str, Any] | None = None,
-        checkpoints: Sequence[Mapping[str, Any]] = (),
+        parked_here: bool,
     ) -> StepVerifier:
-        """The judge ``RunStore.complete_step`` calls under the row lock.
+        """The judge ``RunStore.complete_step`` calls under the row lock, for
+        ``job`` as read before the lock.
 
-        It only parses and evaluates rules (no I/O). ``input`` and
-        ``checkpoints`` are the job's, read before the lock: neither can change
-        while the job is WAITING, and the store re-checks that state under it.
+        It only parses and evaluates rules (no I/O). The job's input and
+        checkpoints cannot change while it is WAITING, nor its snapshot ever,
+        and the store re-checks that state under the lock. The snapshot is
+        compiled here when the job was ``parked_here``, by the hash the row
+        names: under the lock it is neither read again nor hashed.
         """
+        definition, digest = job.definition or {}, job.definition_hash
+        compiled = self.compile(definition, digest) if parked_here else None
+        input = job.input if parked_here else None
+        checkpoints = job.checkpoints if parked_here else []
 
-        def verify(definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
-            workflow = self.compile(definition)
+        def verify(response: dict[str, Any]) -> StepVerdict:
+            # Not parked here when read, and parked now: compiled under the lock.
+            workflow = compiled or self.compile(definition, digest)
             step = workflow.step(step_name)
             if step.reads_scope and input is None:
                 # The job was not yet parked here when it was read, and is now.

@@ -16,14 +16,18 @@ import pytest
 from aiohttp.test_utils import TestClient
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.exceptions import ProducerSendError
+from psycopg import AsyncConnection
 
 from schemas.contract import StepCompletion, StepCompletionResult
 from schemas.errors import Unavailable
 from schemas.serde import MessageDecoder
 from streams.completions_agent import CompletionHandler, ResultEncoder, answer_until_done
 from streams.runtime import Runtime
+from tests.integration.deadlines.conftest import timed_workflow
 from tests.integration.streams.conftest import parked_job, put_workflow
 from tests.loop_gaps import with_longest_gap
+from tests.workflows_fixtures import tokenize_ids
+from workflows import cache
 
 App = tuple[TestClient[Any, Any], Runtime]
 Outcome = StepCompletionResult.Outcome
@@ -213,3 +217,76 @@ async def test_a_completion_that_waits_on_the_store_past_the_bound_makes_the_age
     assert (await completing).outcome == Outcome.NOT_FOUND
     health = handler.health()
     assert health.healthy and health.detail["completion_waiting_s"] == 0
+
+
+async def test_complete_step_reads_the_definition_once_and_hashes_none(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A definition may be most of a megabyte: read again under the row lock and
+    # hashed there to find its compiled form, it held the lock (and the loop)
+    # for milliseconds a call. The row names its hash; one read is enough.
+    client, _ = app
+    job_id = await _parked(app)
+    reads: list[str] = []
+    execute = AsyncConnection.execute
+
+    async def counting(self: AsyncConnection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "workflow_definition_snapshot" in str(query):
+            reads.append(str(query))
+        return await execute(self, query, *args, **kwargs)
+
+    hashed: list[object] = []
+    digest = cache.definition_hash
+
+    def hashing(envelope: Any) -> str:
+        hashed.append(envelope)
+        return digest(envelope)
+
+    monkeypatch.setattr(AsyncConnection, "execute", counting)
+    monkeypatch.setattr(cache, "definition_hash", hashing)
+    for outcome in ("COMPLETED", "ALREADY_DONE"):
+        reads.clear()
+        answer = await client.post(
+            f"/v1/workflow-runs/{job_id}/steps/review:complete",
+            json={"response": {"approved": True, "reviewer": "ann"}},
+        )
+        assert (answer.status, (await answer.json())["outcome"]) == (200, outcome)
+        assert len(reads) == 1, reads
+    assert hashed == []
+
+
+async def _park_review(runtime: Runtime, job_id: str, text: str) -> None:
+    runs = runtime.require_runs()
+    claimed = await runs.claim("completion-test")
+    assert claimed is not None and str(claimed.job_id) == job_id
+    ids = tokenize_ids(text)
+    for name, response in (
+        ("tokenize", {"ids": ids, "count": len(ids)}),
+        ("embed", {"vector": [0.5], "dimensions": 1}),
+    ):
+        await runs.checkpoint(claimed.lease, {"name": name, "skipped": False, "response": response})
+    await runs.park(claimed.lease, "review")
+
+
+async def test_a_step_whose_rules_read_the_input_is_judged_against_it(app: App) -> None:
+    client, runtime = app
+    await put_workflow(
+        client,
+        timed_workflow("scoped", validate=["response.approved || input.text == 'let it pass'"]),
+    )
+    parked = []
+    for text in ("let it pass", "hold it"):
+        response = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "scoped", "input": {"text": text}}
+        )
+        job_id = (await response.json())["job"]["job_id"]
+        await _park_review(runtime, job_id, text)
+        parked.append(job_id)
+    answers = []
+    for job_id in parked:
+        answer = await client.post(
+            f"/v1/workflow-runs/{job_id}/steps/review:complete",
+            json={"response": {"approved": False, "reviewer": "ann"}},
+        )
+        answers.append((await answer.json())["outcome"])
+    assert answers == ["COMPLETED", "REJECTED"]

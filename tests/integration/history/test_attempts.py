@@ -21,7 +21,7 @@ from store.runs import RunStore
 from tests.integration.store.helpers import age_rows, entry, submit
 
 
-def _accept(_definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
+def _accept(response: dict[str, Any]) -> StepVerdict:
     return StepVerdict(step_name="review", accepted=True, response=response)
 
 

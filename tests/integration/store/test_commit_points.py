@@ -33,11 +33,11 @@ CREATE TRIGGER refuse_outbox BEFORE INSERT ON workflow_run_events_outbox
 ALLOW_OUTBOX_SQL = "DROP TRIGGER refuse_outbox ON workflow_run_events_outbox"
 
 
-def accept(_definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
+def accept(response: dict[str, Any]) -> StepVerdict:
     return StepVerdict("review", accepted=True, response={**response, "normalized": True})
 
 
-def reject(_definition: dict[str, Any], _response: dict[str, Any]) -> StepVerdict:
+def reject(_response: dict[str, Any]) -> StepVerdict:
     return StepVerdict(
         "review", accepted=False, response={}, violations=("approved: must be true",)
     )
@@ -291,7 +291,7 @@ async def test_a_verifier_that_raises_changes_nothing(store: RunStore, outbox: O
     await store.park(parked.lease, "review")
     before = await store.get(parked.job_id)
 
-    def explode(_definition: dict[str, Any], _response: dict[str, Any]) -> StepVerdict:
+    def explode(_response: dict[str, Any]) -> StepVerdict:
         raise RuntimeError("engine bug")
 
     with pytest.raises(RuntimeError, match="engine bug"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from typing import Any
 
@@ -13,11 +14,10 @@ from schemas.errors import InvalidArgument, NotFound
 from schemas.verdicts import StepVerdict
 from store.outbox import Outbox
 from store.runs import RunStore
-from tests.integration.store.helpers import DEFINITION, entry, submit
+from tests.integration.store.helpers import entry, submit
 
 
-def accept(definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
-    assert definition == DEFINITION  # the verifier sees the job's snapshot
+def accept(response: dict[str, Any]) -> StepVerdict:
     return StepVerdict("review", accepted=True, response=response)
 
 
@@ -97,7 +97,7 @@ async def test_a_rejected_response_fails_the_job_with_a_verdict(
 ) -> None:
     job_id = await _parked(store)
 
-    def reject(_definition: dict[str, Any], _response: dict[str, Any]) -> StepVerdict:
+    def reject(_response: dict[str, Any]) -> StepVerdict:
         return StepVerdict(
             "review", accepted=False, response={}, violations=("approved: must be true",)
         )
@@ -108,7 +108,8 @@ async def test_a_rejected_response_fails_the_job_with_a_verdict(
     assert result.outcome == "REJECTED"
     assert "approved: must be true" in result.message
     job = await store.get(job_id)
-    assert result.job == job
+    # The job as it now is, without the definition: the lock never read it.
+    assert result.job == dataclasses.replace(job, definition=None)
     assert job.status == "FAILED"
     assert job.verdict == "approved: must be true"
     assert job.error == "approved: must be true"

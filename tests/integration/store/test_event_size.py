@@ -32,7 +32,7 @@ def small(pool: Pool) -> RunStore:
     return RunStore(pool, max_event_bytes=LIMIT)
 
 
-def accept(_definition: dict[str, Any], response: dict[str, Any]) -> StepVerdict:
+def accept(response: dict[str, Any]) -> StepVerdict:
     return StepVerdict("review", accepted=True, response=response)
 
 

@@ -61,9 +61,7 @@ async def test_claimable_work_and_new_events_wake_their_listeners(dsn: str, pool
             job_id=again.job_id,
             step_name="review",
             response={},
-            verify=lambda _definition, response: StepVerdict(
-                "review", accepted=True, response=response
-            ),
+            verify=lambda response: StepVerdict("review", accepted=True, response=response),
         )
         assert await _heard(listener) == {JOBS_QUEUED_CHANNEL}
         resumed = await store.claim("w1")

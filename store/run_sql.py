@@ -189,6 +189,11 @@ CLAIM_SETTINGS_SQL = "SELECT " + ", ".join(
 # claim's (worker, attempt, token) exactly, and the fence could not tell the
 # two runners apart.
 #
+# A job whose whole-job deadline has passed is not picked: its steps would run
+# only to be thrown away, and the sweeper fails it where it waits, with its
+# event (``store.deadline_sql``). The claim index still serves the pick; such
+# a row is passed over until that sweep, at most one interval.
+#
 # The picked rows are updated through their ids as an array, so the update
 # reads them by primary key whatever the planner guesses. Joined to the pick
 # instead, the generic plan (which cannot know the limit) guessed a tenth of
@@ -199,6 +204,7 @@ def _claim_sql(definition: str = "") -> str:
 WITH picked AS (
     SELECT job_id FROM workflow_run
      WHERE status = {status_literal(CLAIM[0])} AND run_after <= now() AND attempt < max_attempts
+       AND (deadline_at IS NULL OR deadline_at > now())
      ORDER BY run_after, created_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED

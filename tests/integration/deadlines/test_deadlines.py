@@ -395,3 +395,26 @@ async def test_a_replayed_completion_of_a_step_with_a_fallback_is_already_done(
             f"/v1/workflow-runs/{job_id}/steps/review:complete", json={"response": human}
         )
         assert (answer.status, (await answer.json())["outcome"]) == (200, outcome)
+
+
+async def test_a_claim_does_not_start_a_job_whose_deadline_has_passed(app: App) -> None:
+    # Its steps would run only to be thrown away (their side effects not):
+    # the sweeper fails it where it waits, as it does any QUEUED job past its deadline.
+    client, runtime = app
+    runs = runtime.require_runs()
+    overdue = (await _submit(client, "timed", deadline_ms=60_000))["job_id"]
+    in_time = (await _submit(client, "timed", deadline_ms=3_600_000))["job_id"]
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": overdue},
+        )
+    claimed = await runs.claim_batch("deadline-test", 10)
+    assert [str(job.job_id) for job in claimed] == [in_time]
+    assert (await runs.get(overdue)).status == "QUEUED"
+    assert (await runs.sweep_deadlines()).job_deadlines == 1
+    failed = await runs.get(overdue)
+    assert failed.status == "FAILED" and failed.error is not None
+    assert "deadline passed" in failed.error
+    assert [a.outcome for a in await runs.history.attempts(uuid.UUID(overdue))] == []

@@ -26,8 +26,8 @@ from store.states import STATUSES, Status
 # (their throughput): when a job last changed is when it reached its status,
 # but for a RUNNING one, whose every renewal and checkpoint changes it, that
 # is its claim. The claimable QUEUED job that has waited longest (the
-# claim's own condition: run_after passed, attempts left); the outbox, which
-# belongs to no owner, only when no owner is asked for.
+# claim's own condition: run_after passed, attempts left, deadline ahead); the
+# outbox, which belongs to no owner, only when no owner is asked for.
 FLEET_SQL = f"""
 WITH counted AS (
     SELECT status,
@@ -46,6 +46,7 @@ SELECT
     (SELECT extract(epoch FROM now() - run_after)
        FROM workflow_run
       WHERE status = '{Status.QUEUED.value}' AND run_after <= now() AND attempt < max_attempts
+        AND (deadline_at IS NULL OR deadline_at > now())
         AND (%(owner)s::text IS NULL OR owner = %(owner)s)
       ORDER BY run_after, created_at
       LIMIT 1),

@@ -131,6 +131,7 @@ SELECT now(), (
     SELECT count(*) FROM (
         SELECT 1 FROM workflow_run
          WHERE status = '{Status.QUEUED.value}' AND run_after <= now() AND attempt < max_attempts
+           AND (deadline_at IS NULL OR deadline_at > now())
            AND (run_after, created_at) < (%(run_after)s, %(created_at)s)
          LIMIT %(limit)s
     ) AS ahead

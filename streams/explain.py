@@ -133,6 +133,14 @@ def _queued(answer: _Answer) -> None:
             f"The sweeper settles it DEAD on its next pass (every {facts.sweep_interval_s:g}s).",
             sweep_interval_s=facts.sweep_interval_s,
         )
+    elif job.deadline_at is not None and job.deadline_at <= facts.now:
+        answer.why(
+            f"Job {answer.id} is QUEUED, but its whole-job deadline passed at "
+            f"{answer.at(job.deadline_at)}: no worker may claim it.",
+            deadline=job.deadline_at,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+        )
     elif job.run_after > facts.now:
         cause = ""
         if last is not None and last.outcome in ("RETRY_SCHEDULED", "SWEPT"):

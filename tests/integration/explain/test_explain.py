@@ -382,6 +382,31 @@ async def test_a_lease_or_deadline_already_past_is_left_to_the_sweepers_next_pas
     assert "passes at" not in following
 
 
+async def test_a_queued_job_past_its_deadline_is_not_promised_a_claim(served: Served) -> None:
+    client, runtime = served
+    runs = _runs(runtime)
+    job_id = await _submit(client, "queued past its deadline")
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
+            " WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    job = await runs.get(uuid.UUID(job_id))
+    assert job.deadline_at is not None
+    answer = await _explain(client, job_id)
+    why, following = _why(answer), _next(answer)
+    assert f"its whole-job deadline passed at {when(job.deadline_at)}" in why
+    assert "no worker may claim it" in why
+    assert "claims it" not in following and "claimable" not in why
+    assert f"Its whole-job deadline passed at {when(job.deadline_at)}" in following
+    # Nor does it count as a job ahead of the next one in claim order.
+    behind = await _submit(client, "queued behind it")
+    assert "no claimable job is ahead of it" in _why(await _explain(client, behind))
+    claimed = await runs.claim("worker-late")
+    assert claimed is not None and str(claimed.job_id) == behind
+
+
 async def test_the_http_resume_an_ended_job_is_offered_runs_as_written(served: Served) -> None:
     client, runtime = served
     runs = _runs(runtime)

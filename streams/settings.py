@@ -19,7 +19,7 @@ from schemas import defaults
 from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
 from store import databases, pool
-from store.runs import RETRY_MAX_CEILING_S
+from store.runs import MAX_ATTEMPTS_CEILING, RETRY_MAX_CEILING_S
 from streams import kafka_security as client_security
 from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
@@ -454,6 +454,11 @@ class Settings:
                 raise SettingsError(
                     f"{self.env_name(attribute)} must be positive, got {getattr(self, attribute)}"
                 )
+        if self.max_attempts > MAX_ATTEMPTS_CEILING:
+            raise SettingsError(
+                f"WFJOBS_MAX_ATTEMPTS must be at most {MAX_ATTEMPTS_CEILING}, "
+                f"got {self.max_attempts}"
+            )
         if self.retry_max_s > RETRY_MAX_CEILING_S:
             raise SettingsError(
                 f"WFJOBS_RETRY_MAX_S must be at most {RETRY_MAX_CEILING_S:.0f} (a year), "

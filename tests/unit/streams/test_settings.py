@@ -60,6 +60,7 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_AUTH": "maybe"}, "WFJOBS_AUTH must be 'on' or 'off', got 'maybe'"),
         ({"WFJOBS_RELAY_LINGER_MS": "-1"}, "WFJOBS_RELAY_LINGER_MS must not be negative"),
         ({"WFJOBS_RETRY_MAX_S": "0"}, "WFJOBS_RETRY_MAX_S must be positive"),
+        ({"WFJOBS_MAX_ATTEMPTS": "101"}, "WFJOBS_MAX_ATTEMPTS must be at most 100, got 101"),
         ({"WFJOBS_RETRY_MAX_S": "1e12"}, "WFJOBS_RETRY_MAX_S must be at most 31536000 "),
     ],
 )

@@ -525,9 +525,7 @@ async def test_the_claims_counter_counts_claims_and_a_resumed_attempt_is_claimed
             job_id=job_id,
             step_name="review",
             response={"approved": True},
-            verify=lambda _definition, response: StepVerdict(
-                "review", accepted=True, response=response
-            ),
+            verify=lambda response: StepVerdict("review", accepted=True, response=response),
         )
         assert result.outcome == "COMPLETED"
         done = await harness.wait_status(job_id, "COMPLETED")

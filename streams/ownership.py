@@ -22,9 +22,10 @@ the ones the assignment used and rejoins the group as soon as they differ.
 
 **The watchdog, for whatever else.** ``OwnershipWatchdog`` reads the group's
 description from the broker (aiokafka's admin client, never librdkafka's) every
-``WFJOBS_OWNERSHIP_CHECK_S``. When the group is stable and some partitions of
-the request topic have no owner for ``WFJOBS_UNOWNED_REJOIN_S``, it refreshes
-this member's metadata and makes it rejoin the group; when they still have
+``WFJOBS_OWNERSHIP_CHECK_S``. When the group is settled (stable, or left by
+every member once this one had joined) and some partitions of the request
+topic have no owner for ``WFJOBS_UNOWNED_REJOIN_S``, it refreshes this
+member's metadata and makes it rejoin the group; when they still have
 none ``WFJOBS_UNOWNED_EXIT_S`` later, it logs the unowned partitions and stops
 the process with a non-zero exit code so the orchestrator starts a fresh one.
 Its state is the ``requests`` part of ``/healthz`` and ``/readyz``.
@@ -80,6 +81,10 @@ _GROUP_STATES = {
     "Empty": "EMPTY",
     "Dead": "DEAD",
 }
+# States in which no rebalance is coming to hand partitions out: a group
+# nobody is left in (EMPTY, or DEAD once its metadata is gone) consumes
+# nothing, whichever of its members was meant to.
+_SETTLED_STATES = frozenset({"STABLE", "EMPTY", "DEAD"})
 # ListOffsets' timestamps for the end and the start of a partition's log.
 _LATEST = -1
 _EARLIEST = -2
@@ -111,6 +116,11 @@ class GroupOwnership:
     @property
     def stable(self) -> bool:
         return self.state == "STABLE"
+
+    @property
+    def settled(self) -> bool:
+        """No rebalance in progress: stable, or with no member to hand partitions to."""
+        return self.state in _SETTLED_STATES
 
     @property
     def unowned(self) -> tuple[int, ...]:
@@ -393,7 +403,11 @@ class OwnershipWatchdog(mode.Service):
             return
         self.last, self.last_error = seen, ""
         now = self._clock()
-        if not seen.stable or not seen.unowned:
+        # A group nobody is in, once this member had joined it, means this
+        # member left it too: nothing consumes the topic any more. Before
+        # that, it only means the member is still joining (not ready yet).
+        settled = seen.stable or (seen.settled and self.assigned is not None)
+        if not settled or not seen.unowned:
             # A rebalance in progress hands partitions out again; only a
             # settled group leaving some behind is stuck.
             if not seen.unowned and self._unowned_since is not None:
@@ -403,9 +417,10 @@ class OwnershipWatchdog(mode.Service):
         if self._unowned_since is None:
             self._unowned_since = now
             log.warning(
-                "partition(s) %s of %s have no owner in a stable group",
+                "partition(s) %s of %s have no owner in a settled group (%s)",
                 _names(seen.unowned),
                 self._topic,
+                seen.state,
             )
             return
         lapse = now - self._unowned_since

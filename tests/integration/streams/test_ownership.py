@@ -205,6 +205,60 @@ async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
     assert "unowned for 90s" in health.summary
 
 
+async def test_watchdog_counts_a_group_nobody_is_left_in_as_unowned(
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    members: Callable[[str, str, list[str]], Member],
+    readers: Callable[..., OwnershipReader],
+) -> None:
+    requests = new_topic(kafka_bootstrap, 2, prefix="own-requests")
+    group = f"own-{uuid.uuid4().hex[:8]}"
+    # This worker's consumer owned every partition, committed, and left the
+    # group (as a member that polled nothing for too long does): the group is
+    # settled, EMPTY, and no request on the topic is consumed any more.
+    member = members(kafka_bootstrap, group, [requests])
+    assigned = member.wait_assigned()
+    member.consumer.commit(offsets=[TopicPartition(requests, 0, 0)], asynchronous=False)
+    member.consumer.close()
+    reader = readers(kafka_bootstrap, group, requests)
+    assert (await reader.read()).state == "EMPTY"
+    clock = Clock()
+    rejoins: list[float] = []
+    stopped: list[OwnershipLost] = []
+
+    async def rejoin() -> None:
+        rejoins.append(clock.now)
+
+    async def stop_process(reason: OwnershipLost) -> None:
+        stopped.append(reason)
+
+    watchdog = OwnershipWatchdog(
+        topic=requests,
+        describe=reader.read,
+        rejoin=rejoin,
+        stop_process=stop_process,
+        thresholds=THRESHOLDS,
+        clock=clock,
+    )
+    # Before its first assignment a member may simply not have joined yet.
+    await watchdog.check()
+    assert watchdog.health().healthy and watchdog.health().detail["unowned_for_s"] == 0
+    watchdog.on_assigned(tp.partition for tp in assigned)
+    await watchdog.check()
+    assert watchdog.health().detail["unowned"] == [0, 1]
+    assert "unowned" in watchdog.health().summary
+    clock.now += 30
+    await watchdog.check()
+    assert rejoins == [clock.now]
+    clock.now += 60
+    await watchdog.check()
+    assert len(stopped) == 1
+    health = watchdog.health()
+    assert not health.healthy
+    assert health.detail["group_state"] == "EMPTY"
+    assert "unowned for 90s" in health.summary
+
+
 async def test_watchdog_forgets_a_lapse_once_every_partition_is_owned_again() -> None:
     clock = Clock()
     states = [

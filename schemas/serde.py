@@ -67,6 +67,13 @@ DEFAULT_REQUESTS_TOPIC = defaults.REQUESTS_TOPIC
 # API older Confluent-compatible registries do not have.
 _SERDE_CONF: dict[str, Any] = {"subject.name.strategy.type": "TOPIC"}
 
+# Seconds one registry request may take. The client's own default is no
+# limit at all: a registry that takes the connection and never answers would
+# hold the relay's pass, or a request's decode, for good, with nothing
+# reporting it. Timed out, the request is retried (the client's max.retries)
+# and then an outage like a registry that refuses connections.
+REGISTRY_TIMEOUT_S = 10.0
+
 # Consumers upgrade after producers, so every new version of a subject must read
 # what the versions before it wrote. Levels at least this strict are left alone.
 COMPATIBILITY = "BACKWARD"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from collections import defaultdict
@@ -34,7 +35,8 @@ from store.outbox import Backlog, PublishFailure, RelayResult
 from store.pool import Pool
 from store.records import Lease
 from streams.listener import Listener
-from streams.relay import OutboxRelay, Publish, producer_config
+from streams.relay import OutboxRelay, Publish, build_relay, producer_config
+from streams.settings import Settings
 
 pytestmark = pytest.mark.kafka
 
@@ -291,6 +293,38 @@ async def test_an_unreachable_broker_spends_no_attempt_and_fails_nothing(
     await healthy.stop()
     [record] = await store.outbox.events_for(job_id)
     assert (record.status, record.attempts) == ("PUBLISHED", 1)
+
+
+async def test_a_registry_that_never_answers_is_an_outage_the_relay_reports(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    # Takes connections into its backlog and never answers them, as a
+    # registry behind a stalled proxy does.
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as silent:
+        settings = Settings.from_env(
+            {
+                "DATABASE_URL": store.dsn,
+                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "WFJOBS_SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                "WFJOBS_EVENTS_TOPIC": topic,
+                "WFJOBS_WORKER_ID": "relay-test",
+            }
+        )
+        relay = build_relay(settings, store.outbox)
+        job_id = await run_job(store, steps=0, finish=False)
+        try:
+            result = await asyncio.wait_for(relay.relay_once(), timeout=90)
+        finally:
+            # Resets whatever is still waiting in the backlog.
+            silent.close()
+        assert (result.transient, result.failed, result.published) == (1, 0, 0)
+        [record] = await store.outbox.events_for(job_id)
+        assert (record.status, record.attempts) == ("PENDING", 0)
+        assert record.last_error and "schema registry" in record.last_error
+        health = relay.health()
+        assert health.summary.startswith("retrying after: schema registry"), health.summary
+    await relay.stop()
 
 
 async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(

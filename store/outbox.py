@@ -213,16 +213,27 @@ SELECT id, job_id, event_type, payload, status, attempts, last_error, created_at
 COUNT_PENDING_SQL = "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING'"
 
 # What the relay reports as its backlog, read at most every few seconds: the
-# age of the oldest PENDING row (the first entry of the PENDING index) and the
+# age of the oldest PENDING row (the first entry of the PENDING index), the
 # FAILED rows, counted on their small partial index and capped, so a pile of
-# dead letters never makes this slow.
+# dead letters never makes this slow, and the age of the oldest PENDING row a
+# relay may publish: the PENDING index walked past the rows an older FAILED row
+# of their job holds back (one probe of the FAILED index each, as the lease's
+# window does).
 BACKLOG_SQL = """
 SELECT extract(epoch FROM now() - (
            SELECT created_at FROM workflow_run_events_outbox
             WHERE status = 'PENDING' ORDER BY id LIMIT 1)),
        (SELECT count(*) FROM (
            SELECT 1 FROM workflow_run_events_outbox
-            WHERE status = 'FAILED' LIMIT %(cap)s) AS capped)
+            WHERE status = 'FAILED' LIMIT %(cap)s) AS capped),
+       extract(epoch FROM now() - (
+           SELECT o.created_at FROM workflow_run_events_outbox AS o
+            WHERE o.status = 'PENDING'
+              AND (SELECT f.id
+                     FROM workflow_run_events_outbox AS f
+                    WHERE f.status = 'FAILED' AND f.job_id = o.job_id AND f.id < o.id
+                    LIMIT 1) IS NULL
+            ORDER BY o.id LIMIT 1))
 """
 
 # FAILED rows counted beyond this are reported as this many.
@@ -308,6 +319,9 @@ class Backlog:
     oldest_pending_age_s: float | None
     # FAILED rows, up to FAILED_COUNT_CAP.
     failed_rows: int
+    # Seconds since the oldest PENDING row that no FAILED row holds back was
+    # written: the oldest a relay could be publishing. None when there is none.
+    oldest_waiting_age_s: float | None = None
 
 
 class Outbox:
@@ -453,13 +467,20 @@ class Outbox:
         return int(row[0]) if row else 0
 
     async def backlog(self) -> Backlog:
-        """The oldest PENDING row's age and the FAILED rows: two index probes."""
+        """The oldest PENDING row's age, the FAILED rows and the oldest publishable row's age."""
         async with self._pool.connection() as conn:
             cursor = await conn.execute(BACKLOG_SQL, {"cap": FAILED_COUNT_CAP})
             row = await cursor.fetchone()
         assert row is not None
-        age = None if row[0] is None else max(float(row[0]), 0.0)
-        return Backlog(oldest_pending_age_s=age, failed_rows=int(row[1]))
+        return Backlog(
+            oldest_pending_age_s=_age(row[0]),
+            failed_rows=int(row[1]),
+            oldest_waiting_age_s=_age(row[2]),
+        )
+
+
+def _age(seconds: Any) -> float | None:
+    return None if seconds is None else max(float(seconds), 0.0)
 
 
 def _outbox_row(row: Sequence[Any]) -> OutboxRow:

@@ -434,6 +434,8 @@ class OutboxRelay(mode.Service):
             self._store_asked_at = None
         self.stats.passes += 1
         self._record(result)
+        if not result.fetched and self._blocked_since is not None:
+            await self._unblock_unless_rows_wait()
         return result
 
     def _record(self, result: RelayResult) -> None:
@@ -470,8 +472,24 @@ class OutboxRelay(mode.Service):
             self._last_pass_ok = True
             self.stats.failing_passes = 0
             self._blocked_since = None
-        else:
-            # Nothing publishable right now: the relay is not the one stuck.
+
+    async def _unblock_unless_rows_wait(self) -> None:
+        """After a pass that found nothing while this relay could not publish.
+
+        Finding nothing does not mean the broker answers again: another relay
+        may hold the rows, failing the same way, and with every relay of a
+        fleet taking turns at them none would ever count as stuck. So the relay
+        stays blocked while a row that was waiting when it became blocked still
+        waits (rows a dead letter holds back wait for an operator, not for a
+        relay); once none does, another relay published them, or none was
+        waiting, and this one is not the one stuck.
+        """
+        assert self._blocked_since is not None
+        blocked_for = time.monotonic() - self._blocked_since
+        self._backlog = await self._outbox.backlog()
+        self._backlog_read_at = time.monotonic()
+        waiting = self._backlog.oldest_waiting_age_s
+        if waiting is None or waiting < blocked_for:
             self.stats.failing_passes = 0
             self._blocked_since = None
 

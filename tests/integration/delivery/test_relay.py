@@ -537,6 +537,65 @@ async def test_stop_finishes_the_pass_in_flight_and_flushes(
     assert relay.stats.published == 15
 
 
+async def test_a_relay_that_cannot_publish_stays_stuck_while_another_one_holds_the_rows(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    dead_broker = f"127.0.0.1:{free_port()}"
+    overrides = {"message.timeout.ms": 300, "reconnect.backoff.max.ms": 100}
+    slow = SlowPass(store.outbox)
+
+    def unreachable(outbox: Any, name: str) -> OutboxRelay:
+        return OutboxRelay(
+            outbox,
+            producer_config=producer_config(dead_broker, overrides),
+            topic="workflow-run-events",
+            serializer=event_serializer(registry=None, topic="workflow-run-events"),
+            stuck_after_s=1.0,
+            name=name,
+        )
+
+    first, second = unreachable(store.outbox, "first"), unreachable(slow, "second")
+    # A job held back by its dead letter: its later row waits for an operator,
+    # not for a relay.
+    held = await run_job(store, steps=0)
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run_events_outbox SET status = 'FAILED' WHERE id = %s",
+            (min(await outbox_ids(store, held)),),
+        )
+    job_id = await run_job(store, steps=0, finish=False)
+    try:
+        assert (await first.relay_once()).transient == 1
+        await asyncio.sleep(1.2)
+        assert not first.health().healthy
+
+        # The broker is still away and the other relay has the row at the
+        # moment this one looks: it is no less stuck for finding nothing.
+        taking = asyncio.create_task(second.relay_once())
+        await asyncio.wait_for(slow.in_flight.wait(), timeout=30)
+        assert (await first.relay_once()).fetched == 0
+        health = first.health()
+        assert not health.healthy, health
+        assert health.summary.startswith("cannot publish for"), health.summary
+        assert (await taking).transient == 1
+
+        # Another relay reaches a broker and publishes the row: nothing waits
+        # for this one any more, so it is not stuck, although it never published.
+        topic = new_topic(kafka_bootstrap)
+        reaching = make_relay(
+            store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic)
+        )
+        assert (await reaching.relay_once()).published == 1
+        await reaching.stop()
+        assert [r.status for r in await store.outbox.events_for(job_id)] == ["PUBLISHED"]
+        assert (await first.relay_once()).fetched == 0
+        health = first.health()
+        assert health.healthy and health.summary == "ok", health
+    finally:
+        await first.stop()
+        await second.stop()
+
+
 async def test_notify_wakes_an_idle_relay(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from store.outbox import OLDEST_WAITING_CREATED_SQL
 from store.pool import Pool
 from store.states import STATUSES, Status
 
@@ -27,7 +28,9 @@ from store.states import STATUSES, Status
 # but for a RUNNING one, whose every renewal and checkpoint changes it, that
 # is its claim. The claimable QUEUED job that has waited longest (the
 # claim's own condition: run_after passed, attempts left, deadline ahead); the
-# outbox, which belongs to no owner, only when no owner is asked for.
+# outbox, which belongs to no owner, only when no owner is asked for. Its age
+# is the oldest row a relay may publish: rows a dead letter holds back are the
+# FAILED count's business, and must not make a relay look stuck.
 FLEET_SQL = f"""
 WITH counted AS (
     SELECT status,
@@ -53,11 +56,7 @@ SELECT
     CASE WHEN %(owner)s::text IS NULL THEN
         (SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING') END,
     CASE WHEN %(owner)s::text IS NULL THEN
-        (SELECT extract(epoch FROM now() - created_at)
-           FROM workflow_run_events_outbox
-          WHERE status = 'PENDING'
-          ORDER BY id
-          LIMIT 1) END,
+        extract(epoch FROM now() - {OLDEST_WAITING_CREATED_SQL}) END,
     CASE WHEN %(owner)s::text IS NULL THEN
         (SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'FAILED') END,
     now()
@@ -87,7 +86,8 @@ class FleetCounts:
     oldest_queued_age_s: float | None = None
     # The outbox: counted only when every owner's jobs were (it belongs to no owner).
     outbox_pending: int = 0
-    # Seconds since the oldest PENDING outbox row was written; None when none is.
+    # Seconds since the oldest PENDING outbox row that no FAILED row holds back
+    # was written; None when none is.
     oldest_pending_age_s: float | None = None
     # Dead letters: rows the relay gave up on.
     outbox_failed: int = 0

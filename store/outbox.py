@@ -212,28 +212,32 @@ SELECT id, job_id, event_type, payload, status, attempts, last_error, created_at
 
 COUNT_PENDING_SQL = "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING'"
 
+# When the oldest PENDING row a relay may publish was written (NULL when there
+# is none): the PENDING index walked past the rows an older FAILED row of their
+# job holds back, one probe of the FAILED index each, as the lease's window
+# does. Those rows wait for an operator's redrive, not for a relay.
+OLDEST_WAITING_CREATED_SQL = """(
+    SELECT o.created_at FROM workflow_run_events_outbox AS o
+     WHERE o.status = 'PENDING'
+       AND (SELECT f.id
+              FROM workflow_run_events_outbox AS f
+             WHERE f.status = 'FAILED' AND f.job_id = o.job_id AND f.id < o.id
+             LIMIT 1) IS NULL
+     ORDER BY o.id LIMIT 1)"""
+
 # What the relay reports as its backlog, read at most every few seconds: the
 # age of the oldest PENDING row (the first entry of the PENDING index), the
 # FAILED rows, counted on their small partial index and capped, so a pile of
 # dead letters never makes this slow, and the age of the oldest PENDING row a
-# relay may publish: the PENDING index walked past the rows an older FAILED row
-# of their job holds back (one probe of the FAILED index each, as the lease's
-# window does).
-BACKLOG_SQL = """
+# relay may publish.
+BACKLOG_SQL = f"""
 SELECT extract(epoch FROM now() - (
            SELECT created_at FROM workflow_run_events_outbox
             WHERE status = 'PENDING' ORDER BY id LIMIT 1)),
        (SELECT count(*) FROM (
            SELECT 1 FROM workflow_run_events_outbox
             WHERE status = 'FAILED' LIMIT %(cap)s) AS capped),
-       extract(epoch FROM now() - (
-           SELECT o.created_at FROM workflow_run_events_outbox AS o
-            WHERE o.status = 'PENDING'
-              AND (SELECT f.id
-                     FROM workflow_run_events_outbox AS f
-                    WHERE f.status = 'FAILED' AND f.job_id = o.job_id AND f.id < o.id
-                    LIMIT 1) IS NULL
-            ORDER BY o.id LIMIT 1))
+       extract(epoch FROM now() - {OLDEST_WAITING_CREATED_SQL})
 """
 
 # FAILED rows counted beyond this are reported as this many.

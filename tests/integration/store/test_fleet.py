@@ -113,3 +113,33 @@ async def test_a_running_job_counts_as_reached_in_5_minutes_by_its_claim_not_its
     counts = await FleetStore(pool).read()
     assert counts.jobs_by_status["RUNNING"] == 2
     assert counts.recent_by_status["RUNNING"] == 0
+
+
+async def test_rows_a_dead_letter_holds_back_do_not_age_the_outbox(pool: Pool) -> None:
+    # A job whose first event is a dead letter, and a later event behind it,
+    # written ten minutes ago: it waits for an operator's redrive, which the
+    # FAILED count says, not for a relay. The age that pages for a stuck
+    # relay must not grow with it.
+    held = "30000000-0000-0000-0000-000000000001"
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run_events_outbox"
+            " (job_id, event_type, payload, status, created_at)"
+            " VALUES (%(job)s, 'ACCEPTED', '\\x00', 'FAILED', now() - interval '11 minutes'),"
+            " (%(job)s, 'STEP_CHECKPOINT', '\\x00', 'PENDING', now() - interval '10 minutes')",
+            {"job": held},
+        )
+    counts = await FleetStore(pool).read()
+    assert (counts.outbox_pending, counts.outbox_failed) == (1, 1)
+    assert counts.oldest_pending_age_s is None
+
+    # An event a relay may publish ages it as before.
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload, created_at)"
+            " VALUES ('30000000-0000-0000-0000-000000000002', 'ACCEPTED', '\\x00',"
+            "         now() - interval '30 seconds')"
+        )
+    counts = await FleetStore(pool).read()
+    assert counts.outbox_pending == 2
+    assert counts.oldest_pending_age_s is not None and 30 <= counts.oldest_pending_age_s < 90

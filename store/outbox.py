@@ -59,10 +59,13 @@ WINDOW_BATCHES = 4
 # window (one probe of the small FAILED index per row read), so however many
 # of them pile up they never fill the window and starve the other jobs. The
 # window stays a prefix per job: of a held job, every row after its FAILED row
-# is left out. The probe is a scalar subquery, not NOT EXISTS: an anti join
-# may be planned as a hash join, which reads every PENDING row and sorts them
-# before the LIMIT can stop it; a subquery is probed row by row as the index
-# is walked in order.
+# is left out. Rows of a job whose head is paused after a transient fault
+# (``paused_until``, migration 0015) are left out the same way, the paused
+# row included, until the pause has passed: during an outage of some
+# partitions their rows pile up as dead letters' would. The probes are scalar
+# subqueries, not NOT EXISTS: an anti join may be planned as a hash join,
+# which reads every PENDING row and sorts them before the LIMIT can stop it; a
+# subquery is probed row by row as the index is walked in order.
 #
 # Why the plan cannot go wrong: the statistics of a caught-up outbox say there
 # are no PENDING rows, which once made the planner re-read the whole PENDING
@@ -87,6 +90,11 @@ WITH oldest AS MATERIALIZED (
        AND (SELECT f.id
               FROM workflow_run_events_outbox AS f
              WHERE f.status = 'FAILED' AND f.job_id = o.job_id AND f.id < o.id
+             LIMIT 1) IS NULL
+       AND (SELECT p.id
+              FROM workflow_run_events_outbox AS p
+             WHERE p.paused_until IS NOT NULL AND p.paused_until > now()
+               AND p.job_id = o.job_id AND p.id <= o.id
              LIMIT 1) IS NULL
      ORDER BY o.id
      LIMIT %(window)s
@@ -168,20 +176,21 @@ RELAY_SETTINGS_SQL = "SELECT " + ", ".join(
 # a relay whose lease ran out (and whose rows another relay may have taken)
 # changes nothing. Acked rows go PUBLISHED; rows refused for good go FAILED
 # with the reason, the dead letter only an operator's redrive moves again;
-# the rest are handed back: their lease cleared, or set to the moment they may
-# be tried again, with the transient error noted and no attempt spent.
+# the rest are handed back: their lease cleared, and paused until the moment
+# they may be tried again when the publisher asks for one (their job's later
+# rows wait behind them), with the transient error noted and no attempt spent.
 SETTLE_BATCH_SQL = """
 WITH published AS (
     UPDATE workflow_run_events_outbox
        SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1,
-           lease_owner = NULL, lease_until = NULL
+           lease_owner = NULL, lease_until = NULL, paused_until = NULL
      WHERE id = ANY (%(published)s::bigint[])
        AND lease_owner = %(owner)s AND status = 'PENDING'
     RETURNING id
 ), failed AS (
     UPDATE workflow_run_events_outbox AS o
        SET status = 'FAILED', attempts = o.attempts + 1, last_error = f.error,
-           lease_owner = NULL, lease_until = NULL
+           lease_owner = NULL, lease_until = NULL, paused_until = NULL
       FROM unnest(%(failed)s::bigint[], %(failed_errors)s::text[]) AS f(id, error)
      WHERE o.id = f.id AND o.lease_owner = %(owner)s AND o.status = 'PENDING'
     RETURNING o.id, o.job_id, o.last_error
@@ -189,8 +198,9 @@ WITH published AS (
     UPDATE workflow_run_events_outbox AS o
        SET last_error = coalesce(b.error, o.last_error),
            lease_owner = NULL,
-           lease_until = CASE WHEN b.retry_after_s > 0
-                              THEN now() + make_interval(secs => b.retry_after_s) END
+           lease_until = NULL,
+           paused_until = CASE WHEN b.retry_after_s > 0
+                               THEN now() + make_interval(secs => b.retry_after_s) END
       FROM unnest(%(back)s::bigint[], %(back_errors)s::text[], %(back_after)s::float8[])
            AS b(id, error, retry_after_s)
      WHERE o.id = b.id AND o.lease_owner = %(owner)s AND o.status = 'PENDING'

@@ -327,6 +327,68 @@ async def test_rows_held_back_by_a_failed_row_never_fill_the_window(
     assert [row.job_id for row in handed] == [free]
 
 
+async def test_rows_paused_for_a_transient_fault_never_fill_the_window(
+    pool: Pool, store: RunStore, outbox: Outbox
+) -> None:
+    # A partition without a leader: its jobs' rows are handed back to be tried
+    # again later, while every other partition takes its events. More of them
+    # than a pass reads must not keep the other jobs' events from going out.
+    limit = 5
+    down = set(await _jobs_with_events(store, jobs=limit * 6, steps=0))
+
+    async def partition_down(rows: list[OutboxRow]) -> list[PublishFailure | None]:
+        return [
+            PublishFailure("leader not available", permanent=False, retry_after_s=3600)
+            if row.job_id in down
+            else None
+            for row in rows
+        ]
+
+    while (await outbox.relay_batch(partition_down, limit=limit)).fetched:
+        pass
+    assert await outbox.pending_count() == len(down)
+
+    (up,) = await _jobs_with_events(store, jobs=1, steps=0)
+    result = await outbox.relay_batch(partition_down, limit=limit)
+    assert result.published == 1
+    assert [r.status for r in await outbox.events_for(up)] == ["PUBLISHED"]
+
+    # A paused job's later events wait behind its paused row...
+    job = min(down)
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
+            " VALUES (%s, 'STEP_CHECKPOINT', '\\x00')",
+            (job,),
+        )
+    while (await outbox.relay_batch(partition_down, limit=limit)).fetched:
+        pass
+    assert [r.status for r in await outbox.events_for(job)] == ["PENDING", "PENDING"]
+
+    # ... and once the pauses have passed, every paused job goes out, in order.
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run_events_outbox SET paused_until = now() - interval '1 second'"
+            " WHERE paused_until IS NOT NULL"
+        )
+    handed: list[OutboxRow] = []
+
+    async def partition_back(rows: list[OutboxRow]) -> list[PublishFailure | None]:
+        handed.extend(rows)
+        return [None] * len(rows)
+
+    while (await outbox.relay_batch(partition_back, limit=limit)).fetched:
+        pass
+    assert await outbox.pending_count() == 0
+    ids = [row.id for row in handed if row.job_id == job]
+    assert ids == sorted(ids) and len(ids) == 2
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT count(*) FROM workflow_run_events_outbox WHERE paused_until IS NOT NULL"
+        )
+        assert await cursor.fetchone() == (0,)
+
+
 async def test_a_publisher_that_raises_hands_every_row_back_without_an_attempt(
     store: RunStore, outbox: Outbox
 ) -> None:

@@ -89,13 +89,20 @@ def delete_jobs_batch_sql(status: Status) -> str:
     was also created before it, and the walk ends at the cutoff. A job that
     must stay (its events are not all PUBLISHED, or it settled after the
     cutoff) is passed over once per pass.
+
+    A terminal job gains an event only when it is resumed, in the transaction
+    that sets its ``resumed_by``. The statement's look at the job's events
+    cannot see an event whose transaction commits while the delete waits for
+    the row's lock, so the delete also asks that ``resumed_by`` is still what
+    the walk read: a job resumed meanwhile is left to a later pass, which sees
+    its RESUMED event on its way.
     """
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status; retention never deletes it")
     literal = f"'{status.value}'"
     return f"""
 WITH scanned AS MATERIALIZED (
-    SELECT job_id, created_at FROM workflow_run
+    SELECT job_id, created_at, resumed_by FROM workflow_run
      WHERE status = {literal} AND created_at < {_CUTOFF}
        AND (created_at, job_id) > (%(after_created_at)s, %(after_job_id)s)
      ORDER BY created_at, job_id
@@ -104,6 +111,7 @@ WITH scanned AS MATERIALIZED (
     DELETE FROM workflow_run AS r
      USING scanned
      WHERE r.job_id = scanned.job_id AND r.status = {literal} AND r.updated_at < {_CUTOFF}
+       AND r.resumed_by IS NOT DISTINCT FROM scanned.resumed_by
        AND NOT EXISTS (
            SELECT FROM workflow_run_events_outbox AS o
             WHERE o.job_id = r.job_id AND o.status <> '{PUBLISHED}')

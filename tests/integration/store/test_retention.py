@@ -6,6 +6,7 @@ clock forward instead of waiting for it.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from store.retention import (
 from store.run_sql import SNAPSHOT_LOCK_CLASS
 from store.runs import RunStore
 from store.states import TERMINAL, Status
-from tests.integration.store.helpers import entry, submit
+from tests.integration.store.helpers import entry, submit, wait_for_lock_wait
 
 DAY = timedelta(days=1)
 
@@ -147,6 +148,43 @@ async def test_only_old_settled_jobs_and_published_rows_go(pool: Pool, store: Ru
         row[0] for row in await rows(pool, "SELECT hash FROM workflow_definition_snapshot")
     }
     assert snapshots == {"hash-waits", "hash-runs", "hash-queued", "hash-embed-text"}
+
+
+async def test_a_job_resumed_while_a_pass_deletes_it_is_kept_with_its_new_event(
+    pool: Pool, store: RunStore
+) -> None:
+    failed = await failed_job(store)
+    await publish_all(pool)
+    retention = RetentionStore(pool)
+    resumed_by = uuid.uuid4()
+    # A resume holds the old job's row while it writes the link and the job's
+    # RESUMED event (store.control_sql.RESUME_SQL); a pass judging the job
+    # meanwhile must wait and then see that event on its way.
+    async with pool.connection() as resume, resume.transaction():
+        await resume.execute(
+            "SELECT status FROM workflow_run WHERE job_id = %s FOR UPDATE", (failed,)
+        )
+        await resume.execute(
+            "UPDATE workflow_run SET resumed_by = %s WHERE job_id = %s", (resumed_by, failed)
+        )
+        await resume.execute(
+            "INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)"
+            " VALUES (%s, 'RESUMED', '\\x00')",
+            (failed,),
+        )
+        deleting = asyncio.create_task(
+            retention.run_pass(policy(), now=datetime.now(UTC) + 365 * DAY)
+        )
+        await wait_for_lock_wait(pool)
+    result = await deleting
+    assert result.jobs[Status.FAILED] == 0
+    assert failed in await job_ids(pool)
+    assert await rows(
+        pool,
+        "SELECT event_type, status FROM workflow_run_events_outbox"
+        " WHERE job_id = %s AND status <> 'PUBLISHED'",
+        failed,
+    ) == [("RESUMED", "PENDING")]
 
 
 async def test_each_terminal_status_keeps_its_own_age(pool: Pool, store: RunStore) -> None:

@@ -202,7 +202,7 @@ class Settings:
     # when the previous batch committed, up to this many.
     request_batch_max: int = field(default=500, metadata={"env": "WFJOBS_REQUEST_BATCH_MAX"})
     # Request topic ownership (streams.ownership): how often the group is
-    # described, how long partitions may stay unowned in a stable group before
+    # described, how long partitions may stay unowned in a settled group before
     # this member rejoins, and how long after that before the process exits.
     ownership_check_s: float = field(default=10.0, metadata={"env": "WFJOBS_OWNERSHIP_CHECK_S"})
     unowned_rejoin_s: float = field(default=30.0, metadata={"env": "WFJOBS_UNOWNED_REJOIN_S"})

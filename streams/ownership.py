@@ -112,6 +112,10 @@ class GroupOwnership:
     # Partition -> records not yet committed by the group (high watermark minus
     # the committed offset, or minus the log start when nothing is committed).
     lag: Mapping[int, int] = field(default_factory=dict)
+    # False when the broker described a stable group's members without any of
+    # their assignments, as Tansu does: who owns what is then not known, and
+    # no partition counts as unowned.
+    assignments_reported: bool = True
 
     @property
     def stable(self) -> bool:
@@ -124,6 +128,8 @@ class GroupOwnership:
 
     @property
     def unowned(self) -> tuple[int, ...]:
+        if not self.assignments_reported:
+            return ()
         return tuple(p for p in self.partitions if p not in self.owners)
 
 
@@ -150,12 +156,19 @@ async def read_ownership(
                 if assigned == topic:
                     owners.update(dict.fromkeys(partitions, member["member_id"]))
         partitions = tuple(sorted(leaders))
+        state = _GROUP_STATES.get(description["state"], "UNKNOWN")
+        # Each member of a stable group carries the assignment the leader gave
+        # it, an empty one included; none at all is a broker that does not say.
+        members = description["members"]
+        silent = state == "STABLE" and bool(members)
+        silent = silent and not any(member["member_assignment"] for member in members)
         return GroupOwnership(
-            state=_GROUP_STATES.get(description["state"], "UNKNOWN"),
+            state=state,
             partitions=partitions,
             owners=owners,
-            members=len(description["members"]),
+            members=len(members),
             lag=await _lag(admin, group, coordinator, topic, leaders) if partitions else {},
+            assignments_reported=not silent,
         )
 
 
@@ -457,10 +470,14 @@ class OwnershipWatchdog(mode.Service):
         detail: dict[str, Any] = {
             "topic": self._topic,
             "assigned": sorted(self.assigned) if self.assigned is not None else None,
-            "unowned": list(seen.unowned) if seen is not None else None,
+            "unowned": (
+                list(seen.unowned) if seen is not None and seen.assignments_reported else None
+            ),
             "rejoins": self.rejoins,
         }
         if seen is not None:
+            if not seen.assignments_reported:
+                detail["assignments_reported"] = False
             detail["group_state"] = seen.state
             detail["members"] = seen.members
             if seen.lag:

@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from devstack.apache_kafka import ApacheKafkaService
 from streams.ownership import (
@@ -257,6 +257,50 @@ async def test_watchdog_counts_a_group_nobody_is_left_in_as_unowned(
     assert not health.healthy
     assert health.detail["group_state"] == "EMPTY"
     assert "unowned for 90s" in health.summary
+
+
+async def test_a_broker_that_describes_no_assignments_leaves_ownership_unjudged(
+    tansu_bootstrap: str,
+    members: Callable[[str, str, list[str]], Member],
+    readers: Callable[..., OwnershipReader],
+) -> None:
+    # Tansu, make dev's broker, describes a stable group's members without
+    # their assignments: nobody seems to own anything, although this worker
+    # consumes every partition. Read as a lapse, that made every dev worker
+    # rejoin and then exit with status 1 two and a half minutes after it started.
+    requests = f"own-requests-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": tansu_bootstrap})
+    admin.create_topics([NewTopic(requests, 2, 1)])[requests].result(30)
+    group = f"own-{uuid.uuid4().hex[:8]}"
+    member = members(tansu_bootstrap, group, [requests])
+    assigned = member.wait_assigned()
+    reader = readers(tansu_bootstrap, group, requests)
+    seen = await reader.read()
+    assert seen.stable and seen.members == 1 and seen.partitions == (0, 1)
+    assert not seen.assignments_reported
+    assert seen.unowned == ()
+    clock = Clock()
+
+    async def never(*_: Any) -> None:
+        raise AssertionError("not expected")
+
+    watchdog = OwnershipWatchdog(
+        topic=requests,
+        describe=reader.read,
+        rejoin=never,
+        stop_process=never,
+        thresholds=THRESHOLDS,
+        clock=clock,
+    )
+    watchdog.on_assigned(tp.partition for tp in assigned)
+    for _ in range(4):
+        member.consumer.poll(0.1)
+        await watchdog.check()
+        clock.now += 60
+    health = watchdog.health()
+    assert health.healthy and health.summary == "ok", health
+    assert health.detail["unowned"] is None
+    assert health.detail["assignments_reported"] is False
 
 
 async def test_watchdog_forgets_a_lapse_once_every_partition_is_owned_again() -> None:

@@ -52,8 +52,25 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 # Schemes a bootstrap server may be written with; they are dropped, since the
 # security protocol is a setting of its own.
 _SCHEMES = frozenset({"kafka", "aiokafka", *(protocol.lower() for protocol in PROTOCOLS)})
-# What the settings own: a pass-through property may not say otherwise.
-_OWNED_PROPERTIES = frozenset({"bootstrap.servers", "security.protocol"})
+# What the settings own, and what every producer of ours keeps (the relay's
+# at-least-once delivery in commit order rests on it): a pass-through
+# property, applied last, may not say otherwise. Each key names why.
+_ORDERED_DELIVERY = (
+    "every producer here is idempotent, with acks=all and at most five requests in "
+    "flight, which at-least-once delivery in commit order per job rests on"
+)
+_OWNED_PROPERTIES: dict[str, str] = {
+    "bootstrap.servers": "KAFKA_BOOTSTRAP_SERVERS does",
+    "security.protocol": "WFJOBS_KAFKA_SECURITY_PROTOCOL does",
+    # The relay's lease is checked against this deadline (WFJOBS_RELAY_LEASE_S).
+    "message.timeout.ms": "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS does",
+    "delivery.timeout.ms": "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS does",
+    "enable.idempotence": _ORDERED_DELIVERY,
+    "acks": _ORDERED_DELIVERY,
+    "request.required.acks": _ORDERED_DELIVERY,
+    "max.in.flight.requests.per.connection": _ORDERED_DELIVERY,
+    "max.in.flight": _ORDERED_DELIVERY,
+}
 # A token is fetched again once this share of its lifetime has passed.
 TOKEN_REFRESH_SHARE = 0.8
 TOKEN_TIMEOUT_S = 10.0
@@ -381,12 +398,7 @@ def pass_through_properties(settings: Settings) -> dict[str, Any]:
     for key, value in parsed.items():
         if key in _OWNED_PROPERTIES:
             raise SecuritySettingsError(
-                f"WFJOBS_KAFKA_PROPERTIES may not set {key!r}: "
-                + (
-                    "KAFKA_BOOTSTRAP_SERVERS does"
-                    if key == "bootstrap.servers"
-                    else "WFJOBS_KAFKA_SECURITY_PROTOCOL does"
-                )
+                f"WFJOBS_KAFKA_PROPERTIES may not set {key!r}: {_OWNED_PROPERTIES[key]}"
             )
         if not isinstance(value, str | int | float | bool):
             raise SecuritySettingsError(

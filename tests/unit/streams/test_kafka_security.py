@@ -429,6 +429,29 @@ def test_pass_through_properties_must_be_a_flat_json_object(raw: str) -> None:
         settings({"WFJOBS_KAFKA_PROPERTIES": raw})
 
 
+@pytest.mark.parametrize(
+    ("properties", "named"),
+    [
+        ({"acks": "1"}, "acks=all"),
+        ({"request.required.acks": 1}, "acks=all"),
+        ({"enable.idempotence": False}, "idempotent"),
+        ({"max.in.flight.requests.per.connection": 10}, "in flight"),
+        ({"max.in.flight": 10}, "in flight"),
+        ({"message.timeout.ms": 120000}, "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS"),
+        ({"delivery.timeout.ms": 120000}, "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS"),
+    ],
+)
+def test_pass_through_properties_cannot_loosen_what_delivery_rests_on(
+    properties: dict[str, object], named: str
+) -> None:
+    # Applied last, they would have overridden the relay producer's own
+    # settings: acks from one replica, or retries that reorder a job's events,
+    # or a delivery deadline past the lease the settings check it against.
+    (key,) = properties
+    with pytest.raises(SettingsError, match=f"may not set '{key}'.*{named}"):
+        settings({"WFJOBS_KAFKA_PROPERTIES": json.dumps(properties)})
+
+
 # --------------------------------------------------------------------------- bootstrap servers
 
 

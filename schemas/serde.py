@@ -89,11 +89,6 @@ class UndecodableMessage(InvalidArgument):
 
 # --------------------------------------------------------------------------- registry
 
-# Seconds one registry request may take. The client's own default is none: a
-# registry that takes the connection and never answers held the relay's pass,
-# and every decode of a framed value, for ever, failing nothing.
-REGISTRY_TIMEOUT_S = 10.0
-
 
 def open_registry(
     url: str,

@@ -7,7 +7,8 @@ because the store is away is logged and tried again on the next tick; any
 other failure is a defect and crashes the process, loudly.
 
 Ages are written ``<whole number><unit>``, the unit one of ``s``, ``m``, ``h``
-or ``d`` (``90s``, ``15m``, ``12h``, ``30d``); ``0`` keeps forever.
+or ``d`` (``90s``, ``15m``, ``12h``, ``30d``), at most a hundred years
+(``36500d``); ``0`` keeps forever.
 ``WFJOBS_JOB_RETENTION`` is a comma-separated list: a bare age applies to
 every terminal status, ``STATUS=age`` overrides one of them
 (``30d,COMPLETED=7d,DEAD=90d``).
@@ -36,6 +37,8 @@ DEFAULT_JOB_RETENTION = "30d"
 
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A hundred years: longer is what 0 (keep forever) says.
+MAX_AGE_S = 36_500 * 86_400
 _TERMINAL_NAMES = ", ".join(sorted(status.value for status in TERMINAL))
 
 
@@ -50,6 +53,12 @@ def parse_duration(variable: str, raw: str) -> timedelta | None:
             f"{variable} must be an age like 90s, 15m, 12h or 30d (0 keeps forever), got {raw!r}"
         )
     seconds = int(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_AGE_S:
+        # A cutoff that far back is before any date Postgres holds: the first
+        # pass would fail, and with it the process.
+        raise ValueError(
+            f"{variable} must be at most {MAX_AGE_S // _UNITS['d']}d (0 keeps forever), got {raw!r}"
+        )
     return timedelta(seconds=seconds) if seconds else None
 
 

@@ -67,6 +67,8 @@ def test_per_status_overrides_and_keep_forever() -> None:
         ({"WFJOBS_OUTBOX_RETENTION": "7 days"}, "WFJOBS_OUTBOX_RETENTION must be an age like"),
         ({"WFJOBS_OUTBOX_RETENTION": "-1d"}, "WFJOBS_OUTBOX_RETENTION must be an age like"),
         ({"WFJOBS_JOB_RETENTION": "1.5d"}, "WFJOBS_JOB_RETENTION must be an age like"),
+        ({"WFJOBS_OUTBOX_RETENTION": "36501d"}, "WFJOBS_OUTBOX_RETENTION must be at most 36500d"),
+        ({"WFJOBS_JOB_RETENTION": "DEAD=99999999999999d"}, r"\(DEAD\) must be at most 36500d"),
         ({"WFJOBS_JOB_RETENTION": "QUEUED=1d"}, "WFJOBS_JOB_RETENTION: 'QUEUED' is not a terminal"),
         ({"WFJOBS_JOB_RETENTION": "DONE=1d"}, "WFJOBS_JOB_RETENTION: 'DONE' is not a terminal"),
         ({"WFJOBS_JOB_RETENTION": "DEAD=1d,DEAD=2d"}, "gives the age of DEAD jobs twice"),

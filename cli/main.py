@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -327,10 +328,14 @@ def cmd_dlq_list(args: argparse.Namespace, out: Output) -> int:
     return _show(out, answer, lambda answer: render_dead_letters(out, answer))
 
 
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
 def _position(text: str) -> dict[str, int]:
     partition, sep, offset = text.partition(":")
-    if not sep or not partition.isdigit() or not offset.isdigit():
-        raise CliError("INVALID_ARGUMENT", f"--offset takes PARTITION:OFFSET, got {text!r}")
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not sep or not _DIGITS.fullmatch(partition) or not _DIGITS.fullmatch(offset):
+        raise CliError("INVALID_ARGUMENT", f"--offset takes PARTITION:OFFSET, got {text[:100]!r}")
     return {"partition": int(partition), "offset": int(offset)}
 
 

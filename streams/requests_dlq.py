@@ -55,6 +55,8 @@ DEFAULT_LIST_MAX = 100
 MAX_LIST_MAX = 1000
 # Dead letters read and produced at a time by a redrive of everything.
 _REDRIVE_BATCH = 200
+MAX_PARTITION = 2**31 - 1
+MAX_OFFSET = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -64,16 +66,17 @@ class Position:
     partition: int
     offset: int
 
+    def __post_init__(self) -> None:
+        # Kafka's own ranges: past them the client raises OverflowError, which
+        # would answer a caller's typo with a 500.
+        if not 0 <= self.partition <= MAX_PARTITION or not 0 <= self.offset <= MAX_OFFSET:
+            raise InvalidArgument(
+                f"a position's partition is within 0..{MAX_PARTITION} and its offset "
+                f"within 0..{MAX_OFFSET}, got {self.partition}:{self.offset}"
+            )
+
     def __str__(self) -> str:
         return f"{self.partition}:{self.offset}"
-
-    @classmethod
-    def parse(cls, text: str) -> Position:
-        """``"P:O"``, both non-negative integers."""
-        partition, sep, offset = text.strip().partition(":")
-        if not sep or not partition.isdigit() or not offset.isdigit():
-            raise InvalidArgument(f"a position is PARTITION:OFFSET, got {text!r}")
-        return cls(int(partition), int(offset))
 
 
 @dataclass(frozen=True, slots=True)

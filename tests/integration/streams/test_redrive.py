@@ -278,6 +278,8 @@ async def test_dead_lettered_requests_are_listed_with_reasons_and_redriven(
             ({"positions": []}, "positions must be a non-empty list"),
             ({"positions": ["0:1"]}, "each of positions is"),
             ({"positions": [{"partition": -1, "offset": 0}]}, "each of positions is"),
+            ({"positions": [{"partition": 2**31, "offset": 0}]}, "within 0..2147483647"),
+            ({"positions": [{"partition": 0, "offset": 2**63}]}, "within 0..9223372036854775807"),
             ({"positions": [{"partition": 0, "offset": 0}], "all": True}, "exactly one of"),
         ):
             response = await client.post("/v1/requests-dlq:redrive", json=body)
@@ -289,8 +291,9 @@ async def test_dead_lettered_requests_are_listed_with_reasons_and_redriven(
         ):
             response = await client.get("/v1/requests-dlq", params=query)
             assert says in await _error(response, 400, "INVALID_ARGUMENT"), query
-        code, _, err = await wfjobs("dlq", "redrive", "--offset", "nope")
-        assert code == 1 and "PARTITION:OFFSET" in err
+        for offset in ("nope", "0:²", "0:99999999999999999999"):
+            code, _, err = await wfjobs("dlq", "redrive", "--offset", offset)
+            assert code == 1 and "PARTITION:OFFSET" in err, (offset, err)
 
 
 async def test_a_missing_dead_letter_topic_lists_nothing(

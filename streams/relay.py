@@ -468,6 +468,13 @@ class OutboxRelay(mode.Service):
             self._last_pass_ok = False
             if not result.published:
                 self._note_blocked(self._last_error or "transient publish fault")
+        elif result.lost and not result.published and not result.failed:
+            # Sent, then found another relay's: relays whose passes all outlast
+            # their lease send the same rows again and again, marking none.
+            self._note_blocked(
+                f"the lease on all {result.lost} row(s) of the pass ran out before it "
+                "settled: passes take longer than WFJOBS_RELAY_LEASE_S"
+            )
         elif result.fetched:
             self._last_pass_ok = True
             self.stats.failing_passes = 0

@@ -596,6 +596,59 @@ async def test_a_relay_that_cannot_publish_stays_stuck_while_another_one_holds_t
         await second.stop()
 
 
+class LeaseOutrun(WrappedOutbox):
+    """The real outbox, whose every pass outlasts its lease before it settles."""
+
+    def __init__(self, outbox: Outbox, pool: Any) -> None:
+        super().__init__(outbox)
+        self._pool = pool
+
+    async def relay_batch(
+        self, publish: Publish, limit: int = 100, *, owner: str = "relay"
+    ) -> RelayResult:
+        async def outrun(rows: list[Any]) -> Sequence[PublishFailure | None]:
+            outcomes = await publish(rows)
+            # The pass took longer than WFJOBS_RELAY_LEASE_S and another relay,
+            # as slow, took the rows meanwhile (its lease already run out too):
+            # the settle finds them no longer this relay's.
+            async with self._pool.connection() as conn:
+                await conn.execute(
+                    "UPDATE workflow_run_events_outbox SET lease_owner = 'another relay',"
+                    " lease_until = now() - interval '1 s' WHERE id = ANY(%s)",
+                    ([row.id for row in rows],),
+                )
+            return outcomes
+
+        return await self._outbox.relay_batch(outrun, limit, owner=owner)
+
+
+async def test_a_relay_whose_passes_outlast_their_lease_is_stuck(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # Every pass sends its rows, then finds them no longer its own: they are
+    # sent again and again and never marked, which is no less stuck than a
+    # broker that never answers.
+    topic = new_topic(kafka_bootstrap)
+    relay = OutboxRelay(
+        LeaseOutrun(store.outbox, store.pool),
+        producer_config=producer_config(kafka_bootstrap, {}),
+        topic=topic,
+        serializer=event_serializer(registry=None, topic=topic),
+        stuck_after_s=1.0,
+    )
+    await run_job(store, steps=0)
+    try:
+        first = await relay.relay_once()
+        assert (first.fetched, first.published, first.lost) == (2, 0, 2)
+        await asyncio.sleep(1.2)
+        assert (await relay.relay_once()).lost == 2
+        health = relay.health()
+        assert not health.healthy, health
+        assert "lease" in health.summary and "WFJOBS_RELAY_LEASE_S" in health.summary, health
+    finally:
+        await relay.stop()
+
+
 async def test_notify_wakes_an_idle_relay(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -62,7 +62,12 @@ STEP_KEYS = frozenset(
 )
 _STEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _HOST_PORT = re.compile(
-    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})"
+    r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})"
+)
+# Names gRPC reads as a resolver scheme rather than a host: ``unix:443`` is a
+# socket file named "443", ``unix-abstract:443`` an abstract socket.
+GRPC_SCHEMES = frozenset(
+    {"dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock", "xds", "google-c2p"}
 )
 # CEL's reserved words, plus the two scope names the engine binds itself.
 RESERVED_NAMES = frozenset(
@@ -266,14 +271,23 @@ def parse_target(value: Any, where: str, path: str) -> str | None:
         )
     if value == LOCAL_TARGET:
         return value
-    match = _HOST_PORT.fullmatch(value)
-    if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise DefinitionError(
-            f"{where}.target: {value!r} is neither host:port nor {LOCAL_TARGET!r} "
-            "(an in-process handler)",
-            path=f"{path}.target",
-        )
+    problem = host_port_problem(value)
+    if problem is not None:
+        raise DefinitionError(f"{where}.target: {problem}", path=f"{path}.target")
     return value
+
+
+def host_port_problem(target: str) -> str | None:
+    """Why ``target`` is not a plain ``host:port`` a step may call, or None."""
+    match = _HOST_PORT.fullmatch(target)
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        return f"{target!r} is neither host:port nor {LOCAL_TARGET!r} (an in-process handler)"
+    if match.group(1).lower() in GRPC_SCHEMES:
+        return (
+            f"{target!r} is not host:port: gRPC reads {match.group(1)!r} as a resolver scheme, "
+            "not a host"
+        )
+    return None
 
 
 def descriptor_set_base64(envelope: Mapping[Any, Any]) -> Any:

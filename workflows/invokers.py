@@ -250,15 +250,18 @@ class GrpcChannels:
 
     def _open(self, target: str) -> grpc.aio.Channel:
         rule = tls_for(self._tls, target)
+        # The scheme is spelled out so gRPC resolves the host by DNS, whatever
+        # resolver schemes it has registered besides those the policy refuses.
+        address = f"dns:///{target}"
         if rule is None:
-            return grpc.aio.insecure_channel(target, options=self._options)
+            return grpc.aio.insecure_channel(address, options=self._options)
         options = self._options
         if rule.authority:
             options += (("grpc.ssl_target_name_override", rule.authority),)
         credentials = grpc.ssl_channel_credentials(
             root_certificates=rule.ca, private_key=rule.key, certificate_chain=rule.cert
         )
-        return grpc.aio.secure_channel(target, credentials, options=options)
+        return grpc.aio.secure_channel(address, credentials, options=options)
 
     def _retire(self, target: str) -> None:
         loop, channel = self._channels.pop(target)

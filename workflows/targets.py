@@ -10,7 +10,9 @@ A pattern is ``HOST:PORT``. ``HOST`` is a name or address matched as written
 (case-insensitively), ``*`` for any host, or ``*.example.internal`` for any name
 under that domain; ``PORT`` is a number or ``*``. Patterns match the target's
 text: names resolve when they are dialled, so allow only names whose DNS you
-trust. ``local`` (in-process handlers) needs no pattern.
+trust. ``local`` (in-process handlers) needs no pattern. A target that is not a
+plain ``host:port`` (``unix:443`` is a socket to gRPC) is refused whatever the
+patterns say.
 
 TLS is chosen per pattern too (``WFJOBS_STEP_TARGET_TLS``): the first rule whose
 pattern matches a target decides how its channel is secured; a target no rule
@@ -24,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workflows.envelope import DefinitionError
+from workflows.envelope import DefinitionError, host_port_problem
 from workflows.steps import CompiledWorkflow
 
 _HOST = re.compile(
@@ -83,6 +85,8 @@ class TargetPolicy:
         return cls(TargetPattern.parse(text) for text in texts if text.strip())
 
     def allows(self, target: str) -> bool:
+        if host_port_problem(target) is not None:
+            return False
         return any(pattern.matches(target) for pattern in self.patterns)
 
     def describe(self) -> str:
@@ -91,6 +95,9 @@ class TargetPolicy:
         return ", ".join(pattern.text for pattern in self.patterns)
 
     def refusal(self, target: str) -> str:
+        problem = host_port_problem(target)
+        if problem is not None:
+            return problem
         return (
             f"{target!r} is not an allowed step target; this deployment allows "
             f"{self.describe()} (WFJOBS_STEP_TARGETS)"

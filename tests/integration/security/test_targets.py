@@ -7,15 +7,19 @@ would like the worker to reach; it records every connection it accepts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.integration.streams.conftest import serve
 from tests.workflows_fixtures import envelope
 from workflows import FailureKind, GrpcChannels, HandlerRegistry, StepFailure, run_segment
 from workflows.compiler import compile_definition
+from workflows.invokers import TargetRefused
 from workflows.targets import ALLOW_ALL, TargetPolicy
 
 pytestmark = pytest.mark.asyncio
@@ -124,6 +128,89 @@ async def test_a_stored_snapshot_off_the_list_fails_at_call_time_without_diallin
     assert len(channels) == 0
     assert listener.connections == 0
     await channels.close()
+
+
+# gRPC reads these hosts as resolver schemes: unix:443 is a socket file named
+# "443", unix-abstract:443 an abstract socket; none is a host a pattern can judge.
+SCHEME_TARGETS = [
+    "unix:443",
+    "unix-abstract:443",
+    "vsock:443",
+    "dns:443",
+    "ipv4:443",
+    "ipv6:443",
+    "xds:443",
+    "UNIX:443",
+]
+
+
+@pytest.mark.parametrize("target", SCHEME_TARGETS)
+async def test_a_resolver_scheme_is_not_a_host_even_under_a_star_pattern(
+    dsn: str, target: str
+) -> None:
+    env = {"DATABASE_URL": dsn, "WFJOBS_STEP_TARGETS": "*:*"}
+    workflow = envelope(name="sockets", target=target, review=None)
+    async with serve(env) as (client, runtime):
+        runtime.registry = HandlerRegistry()
+        stored = await client.put("/v1/workflows/sockets", json={"workflow": workflow})
+        inline = await client.post(
+            "/v1/workflow-runs", json={"workflow": workflow, "input": {"text": "x"}}
+        )
+        for response in (stored, inline):
+            body = await response.json()
+            assert response.status == 400, body
+            assert body["code"] == "INVALID_ARGUMENT", body
+            assert f"steps[0] 'tokenize'.target: {target!r}" in body["message"], body
+            assert "resolver scheme" in body["message"], body
+
+
+async def test_a_local_socket_is_not_dialled_at_call_time(tmp_path: Any) -> None:
+    # A snapshot compiled before such targets were refused still reaches the
+    # channel cache, which refuses it whatever its patterns allow.
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([_Recorder()])
+    abstract = f"unix-abstract:{10000 + secrets.randbelow(55000)}"
+    server.add_insecure_port(abstract)
+    await server.start()
+    compiled = compile_definition(envelope(target="127.0.0.1:1", review=None))
+    steps = tuple(dataclasses.replace(step, target=abstract) for step in compiled.steps)
+    workflow = dataclasses.replace(compiled, steps=steps)
+    channels = GrpcChannels(policy=TargetPolicy.parse(["*:*"]))
+    try:
+        with pytest.raises(StepFailure) as caught:
+            await run_segment(
+                workflow,
+                {"text": "x"},
+                [],
+                job_id="j",
+                attempt=1,
+                on_checkpoint=_ignore,
+                registry=HandlerRegistry(),
+                channels=channels,
+            )
+        assert caught.value.kind is FailureKind.NON_RETRYABLE
+        assert "resolver scheme" in caught.value.message
+        assert len(channels) == 0 and _Recorder.calls == 0
+        with pytest.raises(TargetRefused):
+            GrpcChannels(policy=ALLOW_ALL).unary(abstract, "/a.B/C", _Bytes)
+    finally:
+        await channels.close()
+        await server.stop(0)
+    assert _Recorder.calls == 0
+
+
+class _Recorder(grpc.GenericRpcHandler):
+    calls = 0
+
+    def service(self, handler_call_details: Any) -> None:
+        type(self).calls += 1
+        return None
+
+
+class _Bytes:
+    @staticmethod
+    def FromString(data: bytes) -> bytes:
+        return data
 
 
 async def test_a_transport_error_keeps_the_status_and_not_the_peers_text(

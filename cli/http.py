@@ -214,6 +214,13 @@ def _api_url(url: str) -> str:
     """``url`` without its trailing slash, refused unless it is an http(s) URL with a
     host: urllib would otherwise raise on it mid-call, or read a ``file:`` URL."""
     stripped = url.strip().rstrip("/")
+    if stripped != shown_url(stripped):
+        # urllib would take "user:password@host" for the host name and look it up.
+        raise CliError(
+            "INVALID_ARGUMENT",
+            f"--url (or WFJOBS_URL) must not carry a user or password, got "
+            f"{shown_url(stripped)!r}; the token goes in {TOKEN_ENV} or {TOKEN_FILE_ENV}",
+        )
     try:
         parts = urllib.parse.urlsplit(stripped)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -226,6 +233,16 @@ def _api_url(url: str) -> str:
             f"--url (or WFJOBS_URL) must be an http:// or https:// URL with a host, got {url!r}",
         )
     return stripped
+
+
+def shown_url(url: str) -> str:
+    """``url`` as the command line may print it: a user and password before the
+    host are left out."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def _http_error(exc: urllib.error.HTTPError) -> CliError:

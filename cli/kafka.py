@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from cli.arguments import job_id_argument, json_object, required, uuid_argument
 from cli.errors import CliError
+from cli.http import shown_url
 from cli.render import Output, print_event
 from schemas.contract import StepCompletion, WorkflowRunRequest, check_incoming
 from schemas.errors import WorkflowJobsError
@@ -160,7 +161,7 @@ def _framed(settings: Settings, message: Any, topic: str, what: str) -> bytes:
         raise CliError(
             "UNAVAILABLE",
             f"cannot frame the {what} with the schema registry at "
-            f"{settings.schema_registry_url}: {exc}",
+            f"{', '.join(map(shown_url, settings.schema_registry_url.split(',')))}: {exc}",
         ) from None
 
 

@@ -324,6 +324,41 @@ def test_a_url_that_is_not_http_is_named_in_one_line(
     assert err.startswith("INVALID_ARGUMENT: --url") and url in err
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://alice:s3cret@127.0.0.1:{port}",
+        "http://alice:s3cret@127.0.0.1:{port}/",
+        "http://alice:s3cret@127.0.0.1:99999",
+        "http://alice:s3cret@[::1",
+        "ftp://alice:s3cret@127.0.0.1:{port}",
+        "http://alice:s3cret@",
+    ],
+)
+def test_a_url_with_a_password_is_refused_without_echoing_it(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # urllib would take "alice:s3cret@127.0.0.1" for the host and look it up.
+    url = url.format(port=free_port())
+    code, out, err = run(capsys, "--url", url, "get", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("INVALID_ARGUMENT: --url"), err
+    assert "s3cret" not in err and "alice" not in err, err
+
+
+def test_a_registry_url_with_a_password_is_not_echoed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WFJOBS_SCHEMA_REGISTRY_URL", f"http://alice:s3cret@127.0.0.1:{port}")
+    code, out, err = run(capsys, "produce", "--workflow-name", "w", "--input", '{"a": 1}')
+    assert (code, out) == (1, "")
+    assert err.startswith("UNAVAILABLE: ") and f"http://***@127.0.0.1:{port}" in err, err
+    assert "s3cret" not in err and "alice" not in err, err
+
+
 class _NotAWorker(http.server.BaseHTTPRequestHandler):
     """A web server that is not a worker: HTML pages, 200 for the list of workflows
     and a job's event stream, 502 otherwise."""

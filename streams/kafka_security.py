@@ -310,13 +310,14 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
     sasl = protocol.startswith("SASL_")
     tls = protocol in {"SSL", "SASL_SSL"}
 
-    sasl_given = {
-        username_env: username,
-        password_env: password,
+    password_given = {username_env: username, password_env: password}
+    oauth_given = {
         "WFJOBS_KAFKA_OAUTH_TOKEN_URL": settings.kafka_oauth_token_url,
         "WFJOBS_KAFKA_OAUTH_CLIENT_ID": settings.kafka_oauth_client_id,
         "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET": client_secret,
+        "WFJOBS_KAFKA_OAUTH_SCOPE": settings.kafka_oauth_scope,
     }
+    sasl_given = {**password_given, **oauth_given}
     tls_given = {
         "WFJOBS_KAFKA_SSL_CA_FILE": settings.kafka_ssl_ca_file,
         "WFJOBS_KAFKA_SSL_CERT_FILE": settings.kafka_ssl_cert_file,
@@ -330,6 +331,15 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
             raise SecuritySettingsError(
                 f"{', '.join(stray)} set, but WFJOBS_KAFKA_SECURITY_PROTOCOL is {protocol}, "
                 f"which uses no {kind}"
+            )
+
+    if sasl:
+        unsent = password_given if mechanism == "OAUTHBEARER" else oauth_given
+        stray = sorted(name for name, value in unsent.items() if value)
+        if stray:
+            raise SecuritySettingsError(
+                f"{', '.join(stray)} set, but WFJOBS_KAFKA_SASL_MECHANISM is {mechanism}, "
+                "which never sends it"
             )
 
     oauth = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import threading
 import uuid
@@ -275,6 +276,37 @@ def test_oauthbearer_needs_its_endpoint_and_client() -> None:
         settings({**OAUTH, "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET": ""})
     with pytest.raises(SettingsError, match="WFJOBS_KAFKA_OAUTH_TOKEN_URL"):
         settings({**OAUTH, "WFJOBS_KAFKA_OAUTH_TOKEN_URL": "idp.example/token"})
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        (
+            {**SCRAM, "WFJOBS_KAFKA_OAUTH_TOKEN_URL": "https://idp.example/oauth2/token"},
+            "WFJOBS_KAFKA_OAUTH_TOKEN_URL set, but WFJOBS_KAFKA_SASL_MECHANISM is SCRAM-SHA-512",
+        ),
+        (
+            {**SCRAM, "WFJOBS_KAFKA_OAUTH_CLIENT_ID": "c", "WFJOBS_KAFKA_OAUTH_SCOPE": "kafka"},
+            "WFJOBS_KAFKA_OAUTH_CLIENT_ID, WFJOBS_KAFKA_OAUTH_SCOPE set, but "
+            "WFJOBS_KAFKA_SASL_MECHANISM is SCRAM-SHA-512",
+        ),
+        (
+            {**OAUTH, "WFJOBS_KAFKA_SASL_USERNAME": "alice"},
+            "WFJOBS_KAFKA_SASL_USERNAME set, but WFJOBS_KAFKA_SASL_MECHANISM is OAUTHBEARER",
+        ),
+        (
+            {**OAUTH, "WFJOBS_KAFKA_SASL_PASSWORD": "pw"},
+            "WFJOBS_KAFKA_SASL_PASSWORD set, but WFJOBS_KAFKA_SASL_MECHANISM is OAUTHBEARER",
+        ),
+        (
+            {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "WFJOBS_KAFKA_OAUTH_SCOPE": "kafka"},
+            "WFJOBS_KAFKA_OAUTH_SCOPE set, but WFJOBS_KAFKA_SECURITY_PROTOCOL is PLAINTEXT",
+        ),
+    ],
+)
+def test_credentials_the_mechanism_never_sends_are_refused(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        settings(env)
 
 
 class _TokenEndpoint(BaseHTTPRequestHandler):

@@ -502,7 +502,8 @@ class Jobs:
                 f"job {job_id} was refused at submit and has no definition snapshot to read "
                 "its steps from"
             )
-        step = self._runtime.compile(job.definition, job.definition_hash).step(step_name)
+        compiled = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
+        step = compiled.step(step_name)
         if not step.external:
             raise InvalidArgument(
                 f"step {step_name!r} is not an external step: a worker answers it, not a person"

@@ -540,6 +540,13 @@ class Runtime(mode.Service):
         """The compiled workflow for a definition snapshot, from the process cache."""
         return self.cache.get(envelope, digest=digest or None)
 
+    async def compile_snapshot(
+        self, envelope: Mapping[str, Any], digest: str | None = None
+    ) -> CompiledWorkflow:
+        """``compile`` for a handler on the event loop: a snapshot this process has
+        not compiled yet is compiled on a compile thread."""
+        return await self.cache.get_off_loop(envelope, digest=digest or None)
+
     async def compile_submitted(self, envelope: Mapping[str, Any]) -> CompiledWorkflow:
         """A definition someone submits or stores, off the event loop.
 

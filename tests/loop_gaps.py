@@ -31,6 +31,9 @@ async def with_longest_gap(work: Awaitable[T]) -> tuple[T, float]:
     await asyncio.sleep(0.05)  # ticking before the work starts
     try:
         result = await work
+        # A hold just before ``work`` ended is only counted when the ticker
+        # wakes, which it may not have done yet.
+        await asyncio.sleep(0.02)
     finally:
         ticker.cancel()
     return result, max(gaps, default=0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,17 @@ class DefinitionCache:
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         return compiled
+
+    async def get_off_loop(self, envelope: Any, *, digest: str | None = None) -> CompiledWorkflow:
+        """``get`` for a caller on the event loop: a definition not cached here is
+        hashed and compiled on a compile thread, as its size is its author's choice."""
+        found = self._lookup(digest) if digest else None
+        if found is not None:
+            return found
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            _COMPILE_THREADS, functools.partial(self.get, envelope, digest=digest)
+        )
 
     def cached(self, digest: str) -> CompiledWorkflow | None:
         """The compiled form of the definition hashed ``digest``, if it is here."""

@@ -4,6 +4,7 @@ form, and its own files with their policy."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,9 @@ from store.tokens import create_token
 from streams.auth import READ
 from tests.integration.http.conftest import LiveApi, parked_job
 from tests.integration.http.test_watch import store_review
+from tests.integration.streams.conftest import serve
+from tests.loop_gaps import with_longest_gap
+from tests.workflows_fixtures import TOKENIZE, envelope
 
 pytestmark = pytest.mark.asyncio
 
@@ -74,6 +78,47 @@ async def test_the_form_of_a_parked_step_lists_its_response_fields(live_api: Liv
     assert status == 400 and "nope" in refused["message"]
     status, _ = await _get(live_api, f"/v1/workflow-runs/{uuid.uuid4()}/steps/review:form")
     assert status == 404
+
+
+def _large_workflow() -> dict[str, Any]:
+    # Near the step and rule-length caps: compiling it takes about half a second.
+    workflow = envelope(name="large-review")
+    workflow["steps"][:0] = [
+        {
+            "name": f"copy{index}",
+            "method": TOKENIZE,
+            "rules": [
+                "text = " + " + ".join(["input.text"] * 70),
+                "fail = " + " + ".join(["input.fail"] * 75),
+                "delay_ms = " + " + ".join(["input.delay_ms"] * 55),
+                "embed_fail = " + " + ".join(["input.embed_fail"] * 50),
+                "meta.lang = " + " + ".join(["input.text"] * 70),
+            ],
+        }
+        for index in range(61)
+    ]
+    return workflow
+
+
+async def test_the_form_of_a_definition_not_cached_is_compiled_off_the_event_loop(
+    make_database: Callable[..., str],
+) -> None:
+    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+        submitted = await client.post(
+            "/v1/workflow-runs", json={"workflow": _large_workflow(), "input": {"text": "x"}}
+        )
+        assert submitted.status == 201, await submitted.text()
+        job_id = (await submitted.json())["job"]["job_id"]
+        runtime.cache.clear()  # another process took the submit, or the cache moved on
+
+        async def form() -> Any:
+            response = await client.get(f"/v1/workflow-runs/{job_id}/steps/review:form")
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+        answer, longest = await with_longest_gap(form())
+    assert answer["response_type"] == "jobs.test.ReviewResult" and not answer["parked_here"]
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"
 
 
 async def test_the_dashboard_files_are_served_with_a_strict_policy(live_api: LiveApi) -> None:

@@ -43,6 +43,7 @@ from confluent_kafka import (
 
 from schemas.errors import InvalidArgument, NotFound, Unavailable
 from schemas.serde import RequestDecoder
+from streams.kafka_security import SecuritySettingsError
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,14 @@ class RequestsDeadLetters:
         low, high = ranges.get(position.partition, (0, 0))
         return low <= position.offset < high
 
+    def _config(self) -> Mapping[str, Any]:
+        try:
+            return self._client_config()
+        except SecuritySettingsError as exc:
+            # The settings were checked at start, so a secret's file has gone or
+            # changed under the worker since: an outage to retry, not a bad request.
+            raise Unavailable(f"cannot make a Kafka client: {exc.message}") from None
+
     def _consumer(self) -> Consumer:
         return Consumer(
             {
@@ -252,7 +261,7 @@ class RequestsDeadLetters:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "logger": log,
-                **self._client_config(),
+                **self._config(),
             }
         )
 
@@ -303,7 +312,7 @@ class RequestsDeadLetters:
                 "acks": "all",
                 "message.timeout.ms": int(self._timeout_s * 1000),
                 "logger": log,
-                **self._client_config(),
+                **self._config(),
             }
         )
         failures: dict[Position, str] = {}

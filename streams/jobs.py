@@ -464,6 +464,9 @@ class Jobs:
             # its owner, ever.
             job = _visible(await runs.get(job_id), owner)
             parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
+            if parked_here and job.definition is not None:
+                # Compiled here, off the loop, so the judge under the row lock finds it cached.
+                await self._runtime.compile_snapshot(job.definition, job.definition_hash)
             result = await runs.complete_step(
                 job_id=job_id,
                 step_name=step_name,
@@ -615,7 +618,9 @@ class Jobs:
                 )
             else:
                 definition = original.definition
-                compiled = self._runtime.compile(definition, original.definition_hash)
+                compiled = await self._runtime.compile_snapshot(
+                    definition, original.definition_hash
+                )
             keep = len(original.checkpoints)
             if from_step:
                 try:

@@ -165,6 +165,27 @@ def envelope(
     return definition
 
 
+def large_envelope() -> dict[str, Any]:
+    """The test workflow behind 61 more steps near the rule-length cap: compiling
+    it takes about half a second, which the event loop must not wait for."""
+    workflow = envelope(name="large-review")
+    workflow["steps"][:0] = [
+        {
+            "name": f"copy{index}",
+            "method": TOKENIZE,
+            "rules": [
+                "text = " + " + ".join(["input.text"] * 70),
+                "fail = " + " + ".join(["input.fail"] * 75),
+                "delay_ms = " + " + ".join(["input.delay_ms"] * 55),
+                "embed_fail = " + " + ".join(["input.embed_fail"] * 50),
+                "meta.lang = " + " + ".join(["input.text"] * 70),
+            ],
+        }
+        for index in range(61)
+    ]
+    return workflow
+
+
 @dataclass
 class CallLog:
     """Calls per method, and the idempotency keys they carried."""

@@ -15,7 +15,7 @@ from tests.integration.http.conftest import LiveApi, parked_job
 from tests.integration.http.test_watch import store_review
 from tests.integration.streams.conftest import serve
 from tests.loop_gaps import with_longest_gap
-from tests.workflows_fixtures import TOKENIZE, envelope
+from tests.workflows_fixtures import large_envelope
 
 pytestmark = pytest.mark.asyncio
 
@@ -80,32 +80,12 @@ async def test_the_form_of_a_parked_step_lists_its_response_fields(live_api: Liv
     assert status == 404
 
 
-def _large_workflow() -> dict[str, Any]:
-    # Near the step and rule-length caps: compiling it takes about half a second.
-    workflow = envelope(name="large-review")
-    workflow["steps"][:0] = [
-        {
-            "name": f"copy{index}",
-            "method": TOKENIZE,
-            "rules": [
-                "text = " + " + ".join(["input.text"] * 70),
-                "fail = " + " + ".join(["input.fail"] * 75),
-                "delay_ms = " + " + ".join(["input.delay_ms"] * 55),
-                "embed_fail = " + " + ".join(["input.embed_fail"] * 50),
-                "meta.lang = " + " + ".join(["input.text"] * 70),
-            ],
-        }
-        for index in range(61)
-    ]
-    return workflow
-
-
 async def test_the_form_of_a_definition_not_cached_is_compiled_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
     async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
         submitted = await client.post(
-            "/v1/workflow-runs", json={"workflow": _large_workflow(), "input": {"text": "x"}}
+            "/v1/workflow-runs", json={"workflow": large_envelope(), "input": {"text": "x"}}
         )
         assert submitted.status == 201, await submitted.text()
         job_id = (await submitted.json())["job"]["job_id"]

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workflows.envelope import DefinitionError, host_port_problem
+from workflows.envelope import GRPC_SCHEMES, DefinitionError, host_port_problem
 from workflows.steps import CompiledWorkflow
 
 _HOST = re.compile(
@@ -58,6 +58,13 @@ class TargetPattern:
             number = int(port)
         else:
             raise ValueError(f"{raw!r}: the port must be 1-65535 or *, got {port!r}")
+        # A host no target may name (``unix``, ``dns``...) would match nothing,
+        # and a deployment that lists it expects the opposite.
+        if host.lower() in GRPC_SCHEMES:
+            raise ValueError(
+                f"{raw!r} can never match: gRPC reads {host!r} as a resolver scheme, not a "
+                "host, so no step target may name it"
+            )
         return cls(host.lower(), number, raw)
 
     def matches(self, target: str) -> bool:

@@ -55,6 +55,14 @@ def test_malformed_patterns_are_refused(bad: str) -> None:
         TargetPattern.parse(bad)
 
 
+@pytest.mark.parametrize("never", ["unix:*", "UNIX-ABSTRACT:443", "dns:53", "xds:*"])
+def test_a_pattern_whose_host_no_target_may_name_is_refused(never: str) -> None:
+    # Such a target is refused whatever the patterns say: the pattern could
+    # only ever look like it allowed something.
+    with pytest.raises(ValueError, match=r"can never match: .*resolver scheme"):
+        TargetPattern.parse(never)
+
+
 def test_tls_rules_read_their_files_and_pair_cert_with_key(
     tmp_path: pytest.TempPathFactory,
 ) -> None:

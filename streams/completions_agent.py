@@ -48,6 +48,7 @@ from schemas.errors import (
 )
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage
 from store.errors import is_outage
+from streams.agents import stopping_on_crash
 from streams.backoff import Backoff
 from streams.convert import storable_json
 from streams.health import PartHealth
@@ -299,7 +300,9 @@ def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
             )
             await manual.ack(event)
 
-    app.agent(completions, name=defaults.COMPLETIONS_TOPIC)(consume)
+    app.agent(completions, name=defaults.COMPLETIONS_TOPIC)(
+        stopping_on_crash(app, "completions", consume)
+    )
 
 
 __all__ = [

@@ -57,6 +57,7 @@ from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, UnstorableValue
 from schemas.serde import RequestDecoder, UndecodableMessage
 from store.errors import is_outage
+from streams.agents import stopping_on_crash
 from streams.backoff import Backoff
 from streams.convert import nul_refusal, storable_json
 from streams.health import PartHealth
@@ -491,12 +492,13 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
                     log.debug("request at offset %s: %s", event.message.offset, outcome.kind)
                     await manual.ack(event)
 
-        # Either task failing stops the other and fails the agent, loudly.
+        # Either task failing stops the other and fails the agent, which stops
+        # the process (streams.agents).
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(read())
             tasks.create_task(submit())
 
-    app.agent(requests, name=defaults.REQUESTS_TOPIC)(consume)
+    app.agent(requests, name=defaults.REQUESTS_TOPIC)(stopping_on_crash(app, "request", consume))
     # Every partition of the topic must have an owner in the group, or no
     # request on it is ever submitted (see streams.ownership).
     install_ownership(app, runtime, settings.requests_topic)

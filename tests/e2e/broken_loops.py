@@ -3,10 +3,11 @@
 Named in ``WFJOBS_HANDLERS`` after ``tests.e2e.handlers``. On import it wraps
 one pass of the loop named by ``WFJOBS_E2E_BROKEN_LOOP`` (``sweeper``,
 ``claims`` for the claim watchdog, ``relay``, ``loop_lag`` for the metrics'
-event-loop probe); from the moment the file named
-by ``WFJOBS_E2E_BREAK_FILE`` exists, that pass raises ``InjectedDefect``, an
-error no loop expects. Until then the process runs as usual, so the test first
-sees it healthy.
+event-loop probe, ``request_agent`` and ``completions_agent`` for a Faust
+agent's body around one batch of requests or one completion); from the moment
+the file named by ``WFJOBS_E2E_BREAK_FILE`` exists, that pass raises
+``InjectedDefect``, an error no loop expects. Until then the process runs as
+usual, so the test first sees it healthy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from streams import completions_agent, request_agent
 from streams.claims import ClaimLoops
 from streams.loop_lag import LoopLagProbe
 from streams.relay import OutboxRelay
@@ -35,8 +37,10 @@ def _armed() -> bool:
 
 
 def _break(loop: str) -> None:
-    owner: type[Any]
+    owner: Any
     owner, method = {
+        "request_agent": (request_agent, "handle_batch_until_done"),
+        "completions_agent": (completions_agent, "answer_until_done"),
         "sweeper": (Sweeper, "sweep_once"),
         "claims": (ClaimLoops, "watch_once"),
         "relay": (OutboxRelay, "relay_once"),
@@ -44,10 +48,10 @@ def _break(loop: str) -> None:
     }[loop]
     original = getattr(owner, method)
 
-    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         if _armed():
             raise InjectedDefect(MESSAGE.format(loop=loop))
-        return original(self, *args, **kwargs)
+        return original(*args, **kwargs)
 
     setattr(owner, method, broken)
 

@@ -287,6 +287,8 @@ class OutboxRelay(mode.Service):
         self._last_pass_ok: bool | None = None
         self._last_error = ""
         self._blocked_since: float | None = None  # monotonic
+        # Rows of the last pass that met a transient fault while others went out.
+        self._retrying_rows = 0
         self._backlog: Backlog | None = None
         self._backlog_read_at = -BACKLOG_EVERY_S  # monotonic
         # Since when the store has been asked (a lease, a settle, the backlog)
@@ -415,6 +417,10 @@ class OutboxRelay(mode.Service):
                     self._timings.publish.observe(time.monotonic() - started)
             finally:
                 self._store_asked_at = time.monotonic()
+            # What health() says the relay retries after.
+            transient = [o.reason for o in outcomes if o is not None and not o.permanent]
+            if transient:
+                self._last_error = transient[-1]
             if any(outcome is None for outcome in outcomes):
                 # Some rows went out, so the relay carries on at once: the rows
                 # that met a transient fault wait out the pause on their own.
@@ -464,6 +470,8 @@ class OutboxRelay(mode.Service):
             self.stats.failing_passes = 0
             self._blocked_since = None
             self._misconfigured = ""
+        # Publishing, so not stuck (a restart would not help them), but named.
+        self._retrying_rows = result.transient if result.published else 0
         if result.transient:
             self._last_pass_ok = False
             if not result.published:
@@ -637,10 +645,7 @@ class OutboxRelay(mode.Service):
 
     def _failure(self, error: KafkaError | BaseException, what: str) -> PublishFailure:
         reason = f"{what}: {_describe(error)}"
-        fault = classify_fault(error)
-        if fault is Fault.TRANSIENT:
-            self._last_error = reason
-        return PublishFailure(reason, permanent=fault is Fault.PERMANENT)
+        return PublishFailure(reason, permanent=classify_fault(error) is Fault.PERMANENT)
 
     def _produce_now(
         self,
@@ -684,7 +689,10 @@ class OutboxRelay(mode.Service):
 
     def health(self) -> PartHealth:
         """Stuck when it has not published for ``stuck_after_s`` while rows wait for it,
-        or has waited that long for the store to answer."""
+        or has waited that long for the store to answer. Rows that keep meeting a
+        passing fault while others go out are named, and show in the oldest
+        PENDING row's age, but are not stuck: the relay works, and a restart
+        would not send them."""
         now = time.monotonic()
         blocked_for = now - self._blocked_since if self._blocked_since is not None else 0.0
         stuck = self._blocked_since is not None and blocked_for > self._stuck_after_s
@@ -701,6 +709,7 @@ class OutboxRelay(mode.Service):
             "unable_to_publish_s": round(blocked_for, 1),
             "pass_waiting_s": round(waiting_for, 1),
             "published": self.stats.published,
+            "retrying_rows": self._retrying_rows,
         }
         if self._backlog is not None:
             age = self._backlog.oldest_pending_age_s
@@ -716,6 +725,11 @@ class OutboxRelay(mode.Service):
             summary = f"cannot publish for {blocked_for:.0f}s: {reason}"
         elif self._blocked_since is not None:
             summary = f"retrying after: {reason}"
+        elif self._retrying_rows:
+            summary = (
+                f"publishing; {self._retrying_rows} row(s) of the last pass handed back "
+                f"after: {reason}"
+            )
         else:
             summary = "ok"
         return PartHealth("relay", healthy=not stuck and not hung, summary=summary, detail=detail)

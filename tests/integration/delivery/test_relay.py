@@ -758,3 +758,44 @@ def test_a_relay_refuses_a_negative_linger(store: Store) -> None:
             serializer=event_serializer(registry=None, topic="t"),
             linger_s=-0.1,
         )
+
+
+async def test_rows_that_keep_failing_while_others_publish_are_named_not_stuck(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    relay = make_relay(store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    held = await run_job(store, steps=0, finish=False)
+    sent = relay.publish
+
+    async def one_job_refused(rows: Sequence[Any]) -> list[PublishFailure | None]:
+        # A passing fault that keeps coming back for this one job's partition.
+        outcomes = await sent([row for row in rows if row.job_id != held])
+        answers = iter(outcomes)
+        return [
+            PublishFailure("delivery failed: leader not available", permanent=False)
+            if row.job_id == held
+            else next(answers)
+            for row in rows
+        ]
+
+    relay.publish = one_job_refused  # type: ignore[method-assign]
+    for _ in range(3):
+        await run_job(store, steps=0, finish=False)
+        # The held row waits out its short pause before it is leased again.
+        await asyncio.sleep(0.2)
+        result = await relay.relay_once()
+        assert (result.published, result.transient) == (1, 1), result
+
+    # The relay publishes, so restarting it would not help: healthy, and it says why
+    # one row still waits.
+    part = relay.health()
+    assert part.healthy, part
+    assert part.summary == (
+        "publishing; 1 row(s) of the last pass handed back after: "
+        "delivery failed: leader not available"
+    ), part
+    assert part.detail["retrying_rows"] == 1, part
+    [record] = await store.outbox.events_for(held)
+    assert (record.status, record.attempts) == ("PENDING", 0)
+    await relay.stop()

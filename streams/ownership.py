@@ -48,6 +48,7 @@ from aiokafka.coordinator.protocol import (  # type: ignore[import-untyped]
 )
 from aiokafka.errors import (  # type: ignore[import-untyped]
     KafkaConnectionError,
+    KafkaError,
     LeaderNotAvailableError,
     for_code,
 )
@@ -88,6 +89,10 @@ _SETTLED_STATES = frozenset({"STABLE", "EMPTY", "DEAD"})
 # ListOffsets' timestamps for the end and the start of a partition's log.
 _LATEST = -1
 _EARLIEST = -2
+# What reading the group raises while the broker is away, refuses this client or
+# answers late, as for the broker check (streams.broker): certificate errors are
+# OSErrors, a SCRAM exchange the server gets wrong a ValueError.
+_BROKER_AWAY = (KafkaError, OSError, TimeoutError, ValueError)
 
 
 class OwnershipLost(RuntimeError):
@@ -406,9 +411,11 @@ class OwnershipWatchdog(mode.Service):
         """One look at the group, and the next step of the escalation if one is due."""
         try:
             seen = await self._describe()
-        except Exception as exc:
+        except _BROKER_AWAY as exc:
             # The broker is away: nothing can be consumed, and nothing can be
             # judged either. The clock of an ongoing lapse keeps running.
+            # Anything else is a defect, and crashes the service: a watchdog
+            # that only logged it would guard nothing from then on.
             error = _describe_error(exc)
             if error != self.last_error:
                 log.warning("request topic ownership not read: %s", error)

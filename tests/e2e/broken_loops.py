@@ -3,7 +3,8 @@
 Named in ``WFJOBS_HANDLERS`` after ``tests.e2e.handlers``. On import it wraps
 one pass of the loop named by ``WFJOBS_E2E_BROKEN_LOOP`` (``sweeper``,
 ``claims`` for the claim watchdog, ``relay``, ``loop_lag`` for the metrics'
-event-loop probe, ``request_agent`` and ``completions_agent`` for a Faust
+event-loop probe, ``ownership`` for the watchdog's reading of the request
+topic's group, ``request_agent`` and ``completions_agent`` for a Faust
 agent's body around one batch of requests or one completion); from the moment
 the file named by ``WFJOBS_E2E_BREAK_FILE`` exists, that pass raises
 ``InjectedDefect``, an error no loop expects. Until then the process runs as
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from streams import completions_agent, request_agent
+from streams import completions_agent, ownership, request_agent
 from streams.claims import ClaimLoops
 from streams.loop_lag import LoopLagProbe
 from streams.relay import OutboxRelay
@@ -41,6 +42,7 @@ def _break(loop: str) -> None:
     owner, method = {
         "request_agent": (request_agent, "handle_batch_until_done"),
         "completions_agent": (completions_agent, "answer_until_done"),
+        "ownership": (ownership, "read_ownership"),
         "sweeper": (Sweeper, "sweep_once"),
         "claims": (ClaimLoops, "watch_once"),
         "relay": (OutboxRelay, "relay_once"),

@@ -22,7 +22,7 @@ from tests.workflows_fixtures import envelope
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("loop", ["sweeper", "claims", "relay", "loop_lag"])
+@pytest.mark.parametrize("loop", ["sweeper", "claims", "relay", "loop_lag", "ownership"])
 async def test_a_loop_that_raises_stops_its_process_with_the_error_logged(
     stack: Stack, loop: str
 ) -> None:
@@ -30,6 +30,8 @@ async def test_a_loop_that_raises_stops_its_process_with_the_error_logged(
     worker = await stack.start_worker(
         f"w-{loop}",
         WFJOBS_HANDLERS=f"{HANDLERS_MODULE},tests.e2e.broken_loops",
+        # The ownership watchdog reads the group every this many seconds.
+        WFJOBS_OWNERSHIP_CHECK_S="1",
         **{LOOP_ENV: loop, TRIGGER_ENV: str(trigger)},
     )
     assert worker.exit_code() is None, worker.log_tail()

@@ -359,6 +359,22 @@ async def test_watchdog_keeps_running_while_the_group_cannot_be_read() -> None:
     assert health.detail["last_error"] == "OSError: broker unreachable"
 
 
+async def test_watchdog_stops_on_an_error_that_is_not_the_broker_being_away() -> None:
+    async def describe() -> GroupOwnership:
+        # A defect in reading the description, not an outage: waiting cannot fix it,
+        # and a watchdog that only logs it guards nothing from then on.
+        raise KeyError("members")
+
+    async def never(*_: Any) -> None:
+        raise AssertionError("not expected")
+
+    watchdog = OwnershipWatchdog(
+        topic="t", describe=describe, rejoin=never, stop_process=never, thresholds=THRESHOLDS
+    )
+    with pytest.raises(KeyError):
+        await watchdog.check()
+
+
 @pytest.fixture
 def own_kafka() -> Iterator[ApacheKafkaService]:
     """A broker of our own, to stop and start again."""

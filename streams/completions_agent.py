@@ -14,7 +14,10 @@ fits what the producer may send):
   was taken when its timeout passed and this response was not used;
 * NOT_FOUND: no such job, or not one the completion's principal may reach;
 * INVALID: the value is not a StepCompletion, breaks its rules, or names a
-  response that does not fit the step. The agent answers and moves on.
+  response that does not fit the step. The agent answers and moves on. Also
+  the answer to a completion that kept hitting an error of this process (a
+  defect, not an outage) for a few tries: the error in its message, its ids
+  echoed as ever.
 
 Who completes: a producer sends no token, so a completion acts as
 ``WFJOBS_REQUEST_PRINCIPAL``, or as its own ``principal`` where
@@ -125,6 +128,21 @@ class CompletionHandler:
         finally:
             self._attempt_started_at = None
 
+    async def internal_error(self, value: bytes | None, error: str) -> StepCompletionResult:
+        """The INVALID answer to a completion that kept hitting ``error``, a defect:
+        echoing its ids where the value decodes, so its producer can match it."""
+
+        def echoed() -> StepCompletion:
+            try:
+                return self._decoder.decode(value)
+            except Exception:
+                # The defect may lie in decoding itself: then there is nothing to echo.
+                return StepCompletion()
+
+        # In a worker thread, as in handle: the writer schema may need the registry.
+        completion = await asyncio.to_thread(echoed)
+        return _answer(completion, Outcome.INVALID, f"internal error while completing: {error}")
+
     def health(self) -> PartHealth:
         """Stuck while one attempt has waited past the bound for the store or registry.
         An outage is retried in place, which is not stuck."""
@@ -231,14 +249,13 @@ async def answer_until_done(
     """
     backoff = Backoff(base_s, max(base_s, cap_s))
     defects = 0
+    last_defect = ""
     result: StepCompletionResult | None = None
     while True:
         try:
             if result is None:
                 if defects >= max_defects:
-                    result = _answer(
-                        StepCompletion(), Outcome.INVALID, "internal error while completing"
-                    )
+                    result = await handler.internal_error(value, last_defect)
                 else:
                     result = await handler.handle(value)
             key = result.job_id.encode() if result.job_id else b""
@@ -257,6 +274,7 @@ async def answer_until_done(
                 )
             else:
                 defects += 1
+                last_defect = f"{type(exc).__name__}: {exc}"
                 log.exception("completion not answered; retrying in %.1fs", pause)
         await asyncio.sleep(pause)
 

@@ -290,3 +290,33 @@ async def test_a_step_whose_rules_read_the_input_is_judged_against_it(app: App) 
         )
         answers.append((await answer.json())["outcome"])
     assert answers == ["COMPLETED", "REJECTED"]
+
+
+async def test_a_completion_that_keeps_hitting_a_defect_is_answered_invalid_with_its_ids(
+    app: App, handler: CompletionHandler
+) -> None:
+    job_id = await _parked(app)
+
+    async def broken(*_: Any) -> StepCompletionResult:
+        raise TypeError("a bug, not an outage")
+
+    handler._complete = broken  # type: ignore[method-assign]
+    sent: list[tuple[bytes, bytes]] = []
+
+    async def publish(key: bytes, value: bytes) -> None:
+        sent.append((key, value))
+
+    result = await answer_until_done(
+        handler, ResultEncoder(None, "results"), publish, completion(job_id), base_s=0.01
+    )
+    # Still keyed by the job and echoing the ids, so its producer can match it.
+    assert (result.outcome, result.job_id, result.step_name, result.request_id) == (
+        Outcome.INVALID,
+        job_id,
+        "review",
+        "req-review",
+    )
+    assert result.message == "internal error while completing: TypeError: a bug, not an outage"
+    [(key, value)] = sent
+    assert key == job_id.encode() and StepCompletionResult.FromString(value) == result
+    assert (await app[1].require_runs().get(job_id)).status == "WAITING"

@@ -50,7 +50,11 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
-from aiokafka.errors import MessageSizeTooLargeError  # type: ignore[import-untyped]
+from aiokafka.errors import (  # type: ignore[import-untyped]
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+)
 
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
@@ -82,6 +86,11 @@ STUCK_AFTER_S = 60.0
 
 def _worth_waiting_out(exc: BaseException) -> bool:
     """Try the same message again later: the store, registry or broker is away or full."""
+    if isinstance(exc, KafkaError):
+        # A dead letter's send: the broker away (Faust's producer gives up on
+        # a send after its own timeout) or between leaders says nothing about
+        # the message. What the broker refuses for good is a defect here.
+        return bool(exc.retriable) or isinstance(exc, KafkaTimeoutError)
     return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
 
 

@@ -13,7 +13,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import (
+    KafkaTimeoutError,  # type: ignore[import-untyped]
+    MessageSizeTooLargeError,
+)
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.exceptions import ProducerSendError
 
@@ -134,6 +137,30 @@ async def test_a_persistent_defect_dead_letters_the_message(
     assert letters.sent == [
         (b"k", b"v", "internal error while handling the request: TypeError: a bug, not an outage")
     ]
+
+
+async def test_a_dead_letter_the_broker_times_out_is_waited_for_and_keeps_its_reason(
+    handler: RequestHandler, letters: Letters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Faust's producer gives up on a send after its own timeout while the
+    # broker is away: that is the broker's outage, not a defect of the
+    # message, and the dead letter must still say why the request is there.
+    timeouts = 4
+
+    async def away_then_back(key: bytes | None, value: bytes | None, reason: str) -> None:
+        nonlocal timeouts
+        if timeouts:
+            timeouts -= 1
+            raise KafkaTimeoutError()
+        await letters(key, value, reason)
+
+    monkeypatch.setattr(handler, "_dead_letter", away_then_back)
+    outcome = await handle_until_done(handler, b"k", b"not a request", base_s=0.01, cap_s=0.02)
+    assert outcome.kind == "dead_lettered"
+    assert timeouts == 0
+    [(key, value, reason)] = letters.sent
+    assert (key, value) == (b"k", b"not a request")
+    assert "internal error" not in reason and "WorkflowRunRequest" in reason, reason
 
 
 async def test_an_input_no_json_column_can_store_is_dead_lettered_at_once_naming_where(

@@ -1,4 +1,5 @@
-"""What the request and completions agents share: a body that crashes stops the process.
+"""What the request and completions agents share: a body that crashes stops the
+process, and which errors a message waits out.
 
 Faust's default supervisor restarts a crashed agent on the same stream. The
 events the dead body had read but not acknowledged are then never handled
@@ -18,6 +19,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from aiokafka.errors import KafkaError, KafkaTimeoutError  # type: ignore[import-untyped]
+
+from schemas.errors import ResourceExhausted, Unavailable
+from store.errors import is_outage
+
 if TYPE_CHECKING:
     import faust
     from faust.types import StreamT
@@ -25,6 +31,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AgentBody = Callable[["StreamT[bytes]"], Awaitable[None]]
+
+
+def worth_waiting_out(exc: BaseException) -> bool:
+    """Try the same message again later: the store, registry or broker is away or full."""
+    if isinstance(exc, KafkaError):
+        # A send of the agent's own (a dead letter, an answer): the broker away
+        # (Faust's producer gives up on a send after its own timeout) or between
+        # leaders says nothing about the message. What it refuses for good is
+        # a defect here.
+        return bool(exc.retriable) or isinstance(exc, KafkaTimeoutError)
+    return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
 
 
 def stopping_on_crash(app: faust.App, what: str, body: AgentBody) -> AgentBody:
@@ -51,4 +68,4 @@ def stopping_on_crash(app: faust.App, what: str, body: AgentBody) -> AgentBody:
     return agent
 
 
-__all__ = ["stopping_on_crash"]
+__all__ = ["stopping_on_crash", "worth_waiting_out"]

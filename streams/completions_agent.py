@@ -45,13 +45,10 @@ from schemas.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
-    Unavailable,
     WrongState,
 )
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage
-from store.errors import is_outage
-from streams.agents import stopping_on_crash
+from streams.agents import stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import storable_json
 from streams.health import PartHealth
@@ -265,7 +262,7 @@ async def answer_until_done(
             raise
         except Exception as exc:
             pause = backoff.next()
-            if is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted):
+            if worth_waiting_out(exc):
                 log.warning(
                     "completion not answered (%s: %s); retrying in %.1fs",
                     type(exc).__name__,

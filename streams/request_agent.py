@@ -50,18 +50,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
-from aiokafka.errors import (  # type: ignore[import-untyped]
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-)
+from aiokafka.errors import MessageSizeTooLargeError  # type: ignore[import-untyped]
 
 from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
-from schemas.errors import InvalidArgument, ResourceExhausted, Unavailable, UnstorableValue
+from schemas.errors import InvalidArgument, UnstorableValue
 from schemas.serde import RequestDecoder, UndecodableMessage
-from store.errors import is_outage
-from streams.agents import stopping_on_crash
+from streams.agents import stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import nul_refusal, storable_json
 from streams.health import PartHealth
@@ -82,16 +77,6 @@ log = logging.getLogger(__name__)
 # How long one attempt at a batch may wait for an answer before /healthz calls
 # the agent stuck: the claim loops' and the sweeper's bound.
 STUCK_AFTER_S = 60.0
-
-
-def _worth_waiting_out(exc: BaseException) -> bool:
-    """Try the same message again later: the store, registry or broker is away or full."""
-    if isinstance(exc, KafkaError):
-        # A dead letter's send: the broker away (Faust's producer gives up on
-        # a send after its own timeout) or between leaders says nothing about
-        # the message. What the broker refuses for good is a defect here.
-        return bool(exc.retriable) or isinstance(exc, KafkaTimeoutError)
-    return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
 
 
 OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
@@ -377,7 +362,7 @@ async def handle_until_done(
         except Exception as exc:
             pause = backoff.next()
             failures = backoff.failures
-            if _worth_waiting_out(exc):
+            if worth_waiting_out(exc):
                 log.warning(
                     "request not handled (%s: %s); retrying in %.1fs (failure %d)",
                     type(exc).__name__,
@@ -415,7 +400,7 @@ async def handle_batch_until_done(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not _worth_waiting_out(exc):
+            if not worth_waiting_out(exc):
                 if isinstance(exc, UnstorableValue):
                     # A value the database refuses: its request is dead-lettered alone.
                     log.warning(

@@ -15,6 +15,7 @@ Three kinds, and what the service does with each:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -111,6 +112,13 @@ def classify(exc: BaseException, step_name: str) -> StepFailure:
         name = code.name if code is not None else "UNKNOWN"
         kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
         return StepFailure(kind, step_name, f"gRPC {name}: {details}")
+    if isinstance(exc, asyncio.CancelledError):
+        # Only ever passed here when nothing cancelled the step: its own defect.
+        return StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step_name,
+            "CancelledError: the step was cancelled from within, though nothing cancelled it",
+        )
     if isinstance(exc, WorkflowJobsError):
         # Definition, input and mapping defects are deterministic: retrying repeats them.
         return StepFailure(FailureKind.NON_RETRYABLE, step_name, exc.message)

@@ -195,6 +195,14 @@ async def run_segment(
                 raise classify(exc, step.name) from exc
             except StepFailure:
                 raise
+            except asyncio.CancelledError as exc:
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
+                    raise
+                # Nobody cancelled the segment: the step raised it itself (a
+                # task it awaited was cancelled). Let through, it would end the
+                # worker's runner, and the job would come back to the next one.
+                raise classify(exc, step.name) from exc
             except Exception as exc:
                 raise classify(exc, step.name) from exc
             finally:

@@ -690,3 +690,21 @@ async def test_a_response_holding_an_any_of_an_unknown_type_fails_non_retryably(
         await _run(workflow, {"text": TEXT}, registry=registry)
     assert caught.value.kind is FailureKind.NON_RETRYABLE
     assert "type.googleapis.com/nowhere.Unknown" in caught.value.message
+
+
+async def test_a_handler_raising_cancelled_error_unasked_fails_its_step_non_retryably() -> None:
+    # Nobody cancelled the segment: the CancelledError is the handler's own
+    # (an inner task it awaited was cancelled), a defect of the handler. Let
+    # through, it would end the worker's runner and hand the job back forever.
+    async def tokenize(request: Any, ctx: StepContext) -> Any:
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        inner.cancel()
+        return await inner
+
+    registry = _registry_with(TOKENIZE, tokenize)
+    workflow = compile_definition(envelope(review=None))
+    with pytest.raises(StepFailure) as caught:
+        await _run(workflow, {"text": TEXT}, registry=registry)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert caught.value.step_name == "tokenize"
+    assert "CancelledError" in caught.value.message

@@ -4,8 +4,9 @@ Three kinds, and what the service does with each:
 
 * ``RETRYABLE`` - the same step may succeed later: gRPC ``UNAVAILABLE``,
   ``DEADLINE_EXCEEDED`` or ``RESOURCE_EXHAUSTED``; a segment that ran past its
-  ``deadlineMs``; a handler raising :class:`RetryableError`. The job is requeued
-  with backoff until its attempts run out.
+  ``deadlineMs``; a remote call cut off by its channel closing; a handler
+  raising :class:`RetryableError`. The job is requeued with backoff until its
+  attempts run out.
 * ``VERDICT`` - a step's response broke its ``validate`` rules. That is the
   workflow's answer, not an error: the job fails with the violations recorded.
 * ``NON_RETRYABLE`` - retrying cannot help: a mapping rule that cannot be
@@ -159,6 +160,16 @@ def transport_failure(exc: grpc.RpcError, step_name: str, target: str) -> StepFa
     )
 
 
+def channel_closed_failure(step_name: str, target: str) -> StepFailure:
+    """A remote call cut off because its channel was closed under it: retryable,
+    as the same call on a fresh channel may well succeed."""
+    return StepFailure(
+        FailureKind.RETRYABLE,
+        step_name,
+        f"gRPC CANCELLED from {target}: the call was cut off when its channel closed",
+    )
+
+
 def _grpc_code(exc: grpc.RpcError) -> grpc.StatusCode | None:
     code = getattr(exc, "code", None)
     if not callable(code):
@@ -183,6 +194,7 @@ __all__ = [
     "RetryableError",
     "SegmentDeadlineExceeded",
     "StepFailure",
+    "channel_closed_failure",
     "classify",
     "transport_failure",
 ]

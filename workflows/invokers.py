@@ -41,7 +41,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from workflows.failures import FailureKind, StepFailure, transport_failure
+from workflows.failures import FailureKind, StepFailure, channel_closed_failure, transport_failure
 from workflows.protojson import MessageError
 from workflows.steps import Step
 from workflows.targets import ALLOW_ALL, TargetPolicy, TlsRule, tls_for
@@ -344,6 +344,13 @@ async def invoke(
         # The transport's text stays in the log, for operators only.
         log.warning("step %r: call to %s failed: %s", step.name, target, exc)
         raise transport_failure(exc, step.name, target) from None
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is None or current.cancelling():
+            raise
+        # grpc.aio raises a call it cancelled itself (its channel was retired
+        # and closed) as a CancelledError; the step was not cancelled.
+        raise channel_closed_failure(step.name, target) from None
     finally:
         if reporting is not None:
             reporting.cancel()

@@ -6,6 +6,7 @@ test descriptor set, started and stopped here.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -318,3 +319,33 @@ async def test_a_remote_step_call_carries_its_span_in_the_traceparent_header(
         context = spans[name].get_span_context()
         _, trace_id, span_id, _ = meta["traceparent"].split("-")
         assert (int(trace_id, 16), int(span_id, 16)) == (context.trace_id, context.span_id)
+
+
+async def test_a_call_cut_off_by_its_channel_closing_is_retryable(
+    grpc_server: TestGrpcServer,
+) -> None:
+    # One channel at most: opening a second retires the first, whose calls get
+    # their grace and are then cancelled locally, which grpc.aio raises as a
+    # CancelledError though nobody cancelled the segment.
+    channels = GrpcChannels(max_channels=1, close_grace_s=0.05)
+    transport = Transport("grpc", grpc_server.target, HandlerRegistry(), CallLog(), channels)
+    port = grpc_server.target.rsplit(":", 1)[1]
+
+    async def open_another_channel() -> None:
+        await asyncio.sleep(0.2)
+        channels.unary(
+            f"localhost:{port}", "/jobs.test.Tokenizer/Tokenize", message_class("jobs.test.Tokens")
+        )
+
+    try:
+        opener = asyncio.create_task(open_another_channel())
+        with pytest.raises(StepFailure) as caught:
+            await transport.run(transport.envelope(review=None), {"text": TEXT, "delay_ms": 2000})
+        await opener
+    finally:
+        await channels.close()
+    assert caught.value.kind is FailureKind.RETRYABLE
+    assert caught.value.step_name == "tokenize"
+    assert caught.value.message == (
+        f"gRPC CANCELLED from {grpc_server.target}: the call was cut off when its channel closed"
+    )

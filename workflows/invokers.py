@@ -176,7 +176,14 @@ def load_handler_modules(
             raise ImportError(f"handler module {name!r} cannot be imported: {exc}") from exc
         register = getattr(module, "register_handlers", None)
         if callable(register):
-            register(target)
+            try:
+                register(target)
+            except Exception as exc:
+                # An ImportError, as for a module that cannot be imported: the
+                # worker refuses to start with this one line, not a traceback.
+                raise ImportError(
+                    f"handler module {name!r} cannot register its handlers: {exc}"
+                ) from exc
         modules.append(module)
     return modules
 

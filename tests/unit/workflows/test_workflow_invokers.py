@@ -119,6 +119,34 @@ def test_a_missing_handler_module_is_named() -> None:
         load_handler_modules(["no_such_handlers_here"])
 
 
+def test_a_handler_module_whose_registration_fails_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker refuses to start on an ImportError with its one line; any
+    # other error out of register_handlers was a traceback.
+    (tmp_path / "wf_handlers_sync.py").write_text(
+        textwrap.dedent(
+            """
+            def tokenize(request, ctx):
+                return request
+
+            def register_handlers(registry):
+                registry.register("jobs.test.Tokenizer/Tokenize", tokenize)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(ImportError) as caught:
+            load_handler_modules(["wf_handlers_sync"], registry=HandlerRegistry())
+    finally:
+        sys.modules.pop("wf_handlers_sync", None)
+    assert str(caught.value) == (
+        "handler module 'wf_handlers_sync' cannot register its handlers: "
+        "the handler for jobs.test.Tokenizer/Tokenize must be an async function"
+    )
+
+
 def test_progress_goes_to_the_sink_checked_and_cut() -> None:
     reports: list[tuple[str, float, str]] = []
     ctx = _context(

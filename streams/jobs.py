@@ -482,7 +482,8 @@ class Jobs:
                 (e.get("response") for e in result.job.checkpoints if e.get("name") == step_name),
                 None,
             )
-            workflow = self._runtime.compile(job.definition, job.definition_hash)
+            # Not parked when read, so not compiled above: off the loop here too.
+            workflow = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
             if workflow.lost_to_fallback(step_name, recorded, response):
                 raise WrongState(
                     f"step {step_name!r} of job {job_id} was not completed before its timeout: "

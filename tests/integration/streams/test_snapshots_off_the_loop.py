@@ -77,3 +77,37 @@ async def test_a_completion_compiles_the_snapshot_off_the_event_loop(
         answer, longest = await with_longest_gap(complete())
     assert answer["outcome"] == "COMPLETED", answer
     assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+
+
+async def test_a_completion_repeated_after_the_job_moved_on_compiles_off_the_event_loop(
+    make_database: Callable[..., str],
+) -> None:
+    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+        job_id = await _submitted(client)
+        runs = runtime.require_runs()
+        claimed = await runs.claim("web-test")
+        assert claimed is not None and str(claimed.job_id) == job_id
+        tokens = {"ids": [1], "count": 1}
+        for name in [f"copy{index}" for index in range(61)] + ["tokenize"]:
+            await runs.checkpoint(
+                claimed.lease, {"name": name, "skipped": False, "response": tokens}
+            )
+        embedding = {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}
+        await runs.checkpoint(
+            claimed.lease, {"name": "embed", "skipped": False, "response": embedding}
+        )
+        await runs.park(claimed.lease, "review")
+        url = f"/v1/workflow-runs/{job_id}/steps/review:complete"
+        first = await client.post(url, json={"response": {"approved": True}})
+        assert first.status == 200, await first.text()
+        # The job is no longer parked, and this process has not kept its snapshot.
+        runtime.cache.clear()
+
+        async def complete_again() -> Any:
+            response = await client.post(url, json={"response": {"approved": True}})
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+        answer, longest = await with_longest_gap(complete_again())
+    assert answer["outcome"] == "ALREADY_DONE", answer
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"

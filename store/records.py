@@ -6,7 +6,7 @@ run them in ``store.runs``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NotRequired, TypedDict
@@ -187,8 +187,9 @@ class DeadlineSweep:
 
 
 # A parked step's declared fallback, if any:
-# (definition snapshot, its hash, step name) -> response.
-FallbackLookup = Callable[[Mapping[str, Any], str, str], Mapping[str, Any] | None]
+# (definition snapshot, its hash, step name) -> response. Awaited, so that a
+# snapshot not yet compiled is compiled off the event loop.
+FallbackLookup = Callable[[Mapping[str, Any], str, str], Awaitable[Mapping[str, Any] | None]]
 
 
 @dataclass(frozen=True, slots=True)

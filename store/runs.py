@@ -948,7 +948,9 @@ class RunStore:
                 if job_id in passed:
                     continue
                 fallback = (
-                    fallback_of(snapshots.get(digest, {}), digest, step) if fallback_of else None
+                    await fallback_of(snapshots.get(digest, {}), digest, step)
+                    if fallback_of
+                    else None
                 )
                 not_taken = ""
                 if fallback is not None:

@@ -558,17 +558,18 @@ class Runtime(mode.Service):
         self.target_policy.check(compiled)
         return compiled
 
-    def step_fallback(
+    async def step_fallback(
         self, definition: Mapping[str, Any], digest: str, step_name: str
     ) -> Mapping[str, Any] | None:
         """The fallback response ``step_name`` declares in ``definition`` (hashed
-        ``digest``), if any.
+        ``digest``), if any; a snapshot not yet compiled here is compiled on a
+        compile thread.
 
         A snapshot that no longer compiles here, or names no such step, has
         none: its timed-out step fails the job, with the timeout as the reason.
         """
         try:
-            return self.compile(definition, digest).step(step_name).fallback
+            return (await self.compile_snapshot(definition, digest)).step(step_name).fallback
         except InvalidArgument as exc:
             log.warning("step %r: no fallback can be read from its definition: %s", step_name, exc)
             return None

@@ -31,7 +31,7 @@ from streams.sweeper import Sweeper
 from tests.integration.deadlines.conftest import timed_workflow
 from tests.integration.streams.conftest import put_workflow
 from tests.loop_gaps import with_longest_gap
-from tests.workflows_fixtures import tokenize_ids
+from tests.workflows_fixtures import large_envelope, tokenize_ids
 
 App = tuple[TestClient[Any, Any], Runtime]
 
@@ -268,6 +268,32 @@ async def test_a_pass_over_many_timed_out_steps_reads_their_definition_once(app:
         )
     swept, longest = await with_longest_gap(runs.sweep_deadlines(fallback_of=runtime.step_fallback))
     assert swept.fallbacks == 600
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+
+
+async def test_a_fallback_from_a_snapshot_not_yet_compiled_is_read_off_the_event_loop(
+    app: App,
+) -> None:
+    # After a restart, or once the cache moved on, a parked job's snapshot is
+    # compiled again to read its fallback; its size is its author's choice.
+    client, runtime = app
+    runs = runtime.require_runs()
+    workflow = large_envelope()
+    workflow["steps"][-1].update(timeoutMs=60_000, fallback={"approved": True})
+    response = await client.post(
+        "/v1/workflow-runs", json={"workflow": workflow, "input": {"text": "hello"}}
+    )
+    assert response.status == 201, await response.text()
+    job_id = (await response.json())["job"]["job_id"]
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET status = 'WAITING', outstanding_step = 'review',"
+            " step_deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    runtime.cache.clear()
+    swept, longest = await with_longest_gap(runs.sweep_deadlines(fallback_of=runtime.step_fallback))
+    assert swept.fallbacks == 1
     assert longest < 0.2, f"the loop was held for {longest:.2f}s"
 
 

@@ -82,7 +82,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -108,7 +108,8 @@ from workflows.steps import CompiledWorkflow, Step
 
 log = logging.getLogger(__name__)
 
-Compile = Callable[[Mapping[str, Any], str | None], CompiledWorkflow]
+# Compiles a job's snapshot (by its hash), off the event loop when it is not cached.
+Compile = Callable[[Mapping[str, Any], str | None], Awaitable[CompiledWorkflow]]
 # A definition hash's compiled workflow, if the process has it at hand.
 Compiled = Callable[[str], CompiledWorkflow | None]
 # Takes a step's progress report with the claim it was made under.
@@ -504,7 +505,7 @@ class ClaimLoops(mode.Service):
                     # Claimed without its snapshot, and the compiled form has
                     # since left the cache: read the snapshot after all.
                     definition = (await self._runs.definition_snapshots([digest])).get(digest, {})
-                workflow = self._compile(definition, digest)
+                workflow = await self._compile(definition, digest)
             step = workflow.next_step(job.checkpoints)
         except StepFailure as failure:
             await self._settle_failure(lease, failure)

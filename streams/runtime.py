@@ -283,7 +283,7 @@ class Runtime(mode.Service):
             self.claims = ClaimLoops(
                 self.runs,
                 worker_id=settings.require_worker_id(),
-                compile=self.compile,
+                compile=self.compile_snapshot,
                 compiled=self.cache.cached,
                 registry=self.registry,
                 loops=settings.claim_loops,

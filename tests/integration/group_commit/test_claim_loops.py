@@ -28,8 +28,8 @@ class Runner:
         self.registry: HandlerRegistry = make_registry(CallLog())
         self.cache = DefinitionCache()
 
-    def compile(self, workflow: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
-        return self.cache.get(workflow, digest=digest)
+    async def compile(self, workflow: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return await self.cache.get_off_loop(workflow, digest=digest)
 
     def loops(self, loops: int) -> ClaimLoops:
         return ClaimLoops(

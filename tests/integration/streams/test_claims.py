@@ -24,7 +24,16 @@ from streams.claims import ClaimLoops
 from streams.listener import Listener
 from streams.progress import ProgressRecorder
 from streams.sweeper import Sweeper
-from tests.workflows_fixtures import EMBED, REVIEW, TOKENIZE, CallLog, envelope, make_registry
+from tests.loop_gaps import with_longest_gap
+from tests.workflows_fixtures import (
+    EMBED,
+    REVIEW,
+    TOKENIZE,
+    CallLog,
+    envelope,
+    large_envelope,
+    make_registry,
+)
 from workflows.cache import DefinitionCache
 from workflows.invokers import HandlerRegistry, StepContext
 from workflows.steps import CompiledWorkflow
@@ -40,8 +49,8 @@ class Harness:
         self.calls = calls
         self.cache = DefinitionCache()
 
-    def compile(self, envelope: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
-        return self.cache.get(envelope, digest=digest)
+    async def compile(self, envelope: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return await self.cache.get_off_loop(envelope, digest=digest)
 
     def loops(self, **options: Any) -> ClaimLoops:
         defaults: dict[str, Any] = {
@@ -480,9 +489,9 @@ async def test_a_job_claimed_without_its_snapshot_runs_when_its_workflow_left_th
         answers.append(not answers)
         return harness.cache.cached(asked) if answers[-1] else None
 
-    def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
+    async def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
         compiled_with.append(definition)
-        return harness.compile(definition, given)
+        return await harness.compile(definition, given)
 
     loops = harness.loops(compiled=compiled, compile=compile)
     await loops.start()
@@ -495,14 +504,32 @@ async def test_a_job_claimed_without_its_snapshot_runs_when_its_workflow_left_th
     assert compiled_with == [workflow] and harness.cache.get(workflow).definition_hash == digest
 
 
+async def test_a_claimed_snapshot_not_yet_compiled_is_compiled_off_the_event_loop(
+    harness: Harness,
+) -> None:
+    # Another process took the submit: this worker meets the snapshot at its
+    # claim, and its size is its author's choice, while the loop beats every
+    # other job's lease.
+    job_id = await harness.submit(large_envelope(), {"text": "a b"})
+    harness.cache.clear()
+    loops = harness.loops(loops=1)
+    await loops.start()
+    try:
+        waiting, longest = await with_longest_gap(harness.wait_status(job_id, "WAITING"))
+    finally:
+        await loops.stop()
+    assert waiting.outstanding_step == "review"
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"
+
+
 async def test_a_job_whose_workflow_is_compiled_runs_from_the_cache_alone(harness: Harness) -> None:
     workflow = envelope(name="auto", review="invoke")
     job_id = await harness.submit(workflow, {"text": "a b c"})
     compiled_with: list[Mapping[str, Any]] = []
 
-    def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
+    async def compile(definition: Mapping[str, Any], given: str | None) -> CompiledWorkflow:
         compiled_with.append(definition)
-        return harness.compile(definition, given)
+        return await harness.compile(definition, given)
 
     loops = harness.loops(compiled=harness.cache.cached, compile=compile)
     await loops.start()

@@ -82,8 +82,8 @@ async def one_connection_pool(dsn: str) -> AsyncIterator[Pool]:
 def claim_loops(runs: RunStore, **options: Any) -> ClaimLoops:
     cache = DefinitionCache()
 
-    def compile(definition: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
-        return cache.get(definition, digest=digest)
+    async def compile(definition: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return await cache.get_off_loop(definition, digest=digest)
 
     defaults: dict[str, Any] = {
         "worker_id": "w-live",

@@ -84,8 +84,8 @@ async def test_nothing_live_is_deleted_while_jobs_run_and_events_flow(
     runs = RunStore(pool, retry_base_s=0.05, lease_s=5.0)
     cache = DefinitionCache()
 
-    def compile(definition: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
-        return cache.get(definition, digest=digest)
+    async def compile(definition: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        return await cache.get_off_loop(definition, digest=digest)
 
     loops = ClaimLoops(
         runs,

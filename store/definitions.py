@@ -8,7 +8,6 @@ is stored.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,9 +15,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from schemas.errors import InvalidArgument, NotFound, VersionMismatch
+from schemas.names import WORKFLOW_NAME_FORM, WORKFLOW_NAME_PATTERN
 from store.pool import Pool
-
-WORKFLOW_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 _COLUMNS = "name, definition, created_at, updated_at, version"
 
@@ -63,10 +61,7 @@ class StoredDefinition:
 def validate_workflow_name(name: str) -> str:
     """A workflow name is 1-200 letters, digits, '.', '_' or '-', starting alphanumeric."""
     if not isinstance(name, str) or not WORKFLOW_NAME_PATTERN.fullmatch(name):
-        raise InvalidArgument(
-            f"workflow name {name!r} is malformed: use 1 to 200 characters from "
-            "letters, digits, '.', '_' and '-', starting with a letter or digit"
-        )
+        raise InvalidArgument(f"workflow name {name!r} is malformed: use {WORKFLOW_NAME_FORM}")
     return name
 
 

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.errors import InvalidArgument
+from schemas.names import WORKFLOW_NAME_FORM, WORKFLOW_NAME_PATTERN
 from workflows.protojson import describe_value
 
 DEFAULT_DEADLINE_MS = 30_000
@@ -157,6 +158,9 @@ def parse_name(envelope: Mapping[Any, Any]) -> str:
         raise DefinitionError(
             f"name: at most {MAX_NAME_CHARS} characters, got {len(name)}", path="name"
         )
+    if not WORKFLOW_NAME_PATTERN.fullmatch(name):
+        # A job records its workflow's name, and the store takes no other form.
+        raise DefinitionError(f"name: {name!r} is malformed: use {WORKFLOW_NAME_FORM}", path="name")
     return name
 
 

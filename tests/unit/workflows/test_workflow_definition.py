@@ -181,6 +181,12 @@ MALFORMED: list[tuple[str, Edit, list[str]]] = [
     ("unknown top key", _set(["retries"], 3), ["unknown key 'retries'", "allowed keys"]),
     ("missing name", _drop(["name"]), ["'name' is required"]),
     ("blank name", _set(["name"], "  "), ["name: must be a non-blank string"]),
+    (
+        # A job records its workflow's name, which the store takes only in this form.
+        "name with a space",
+        _set(["name"], "embed text"),
+        ["name: 'embed text' is malformed", "letters, digits, '.', '_' and '-'"],
+    ),
     ("missing schema", _drop(["schema"]), ["'schema' is required"]),
     ("schema not object", _set(["schema"], "abc"), ["schema: must be an object"]),
     (

@@ -332,11 +332,13 @@ def _put_workflow_now(body: bytes) -> dict[str, Any]:
     return struct_to_dict(request.workflow, "workflow")
 
 
-async def _job_answer(build: Callable[[], Message]) -> dict[str, Any]:
-    """The JSON of the answer ``build`` makes, one carrying a whole job: off the event loop.
+async def _answer_off_loop(build: Callable[[], Message]) -> dict[str, Any]:
+    """The JSON of the answer ``build`` makes, one carrying a whole job or stored
+    definition: off the event loop.
 
-    A job's input and checkpoints may hold a megabyte of small values; making
-    them a message and the message JSON takes about half a second a megabyte.
+    A job's input and checkpoints, or a definition, may hold a megabyte of
+    small values; making them a message and the message JSON takes about half
+    a second a megabyte.
     """
     return await asyncio.to_thread(lambda: message_json(build()))
 
@@ -388,7 +390,7 @@ class HttpVerbs:
             deadline_ms=request.deadline_ms or None,
             trace=trace,
         )
-        reply_body = await _job_answer(
+        reply_body = await _answer_off_loop(
             lambda: api_pb2.SubmitWorkflowResponse(
                 job=job_message(submitted.job), created=submitted.created
             )
@@ -400,7 +402,7 @@ class HttpVerbs:
         parsed = parse_job_id(job_id)
         check_incoming(request)
         job, history = await self.jobs.get_job_with_history(parsed, owner=caller.visible_owner)
-        reply_body = await _job_answer(
+        reply_body = await _answer_off_loop(
             lambda: api_pb2.GetJobResponse(job=job_message(job, history))
         )
         return Reply(200, reply_body)
@@ -491,7 +493,7 @@ class HttpVerbs:
             response=response_json,
             owner=caller.visible_owner,
         )
-        reply_body = await _job_answer(
+        reply_body = await _answer_off_loop(
             lambda: api_pb2.CompleteStepResponse(
                 outcome=result.outcome, job=job_message(result.job), message=result.message
             )
@@ -510,7 +512,7 @@ class HttpVerbs:
         result = await self.jobs.cancel(
             job_id=parsed, reason=request.reason, owner=caller.visible_owner
         )
-        reply_body = await _job_answer(
+        reply_body = await _answer_off_loop(
             lambda: api_pb2.CancelJobResponse(
                 outcome=result.outcome, job=job_message(result.job), message=result.message
             )
@@ -559,7 +561,7 @@ class HttpVerbs:
             request_key=request.request_key,
             max_attempts=request.max_attempts or None,
         )
-        reply_body = await _job_answer(
+        reply_body = await _answer_off_loop(
             lambda: api_pb2.ResumeJobResponse(job=job_message(resumed.job), created=resumed.created)
         )
         return Reply(201 if resumed.created else 200, reply_body)
@@ -619,13 +621,17 @@ class HttpVerbs:
             if_version=if_version,
             create_only=create_only,
         )
-        response = api_pb2.PutWorkflowResponse(workflow=stored_workflow_message(stored))
-        return Reply(200, message_json(response), _etag(stored.version))
+        answer = await _answer_off_loop(
+            lambda: api_pb2.PutWorkflowResponse(workflow=stored_workflow_message(stored))
+        )
+        return Reply(200, answer, _etag(stored.version))
 
     async def get_workflow(self, name: str) -> Reply:
         stored = await self.jobs.get_workflow(name)
-        response = api_pb2.GetWorkflowResponse(workflow=stored_workflow_message(stored))
-        return Reply(200, message_json(response), _etag(stored.version))
+        answer = await _answer_off_loop(
+            lambda: api_pb2.GetWorkflowResponse(workflow=stored_workflow_message(stored))
+        )
+        return Reply(200, answer, _etag(stored.version))
 
     async def list_workflows(self, query: Mapping[str, str]) -> Reply:
         if query:
@@ -633,10 +639,12 @@ class HttpVerbs:
                 f"list-workflows takes no query parameters, got {', '.join(sorted(query))}"
             )
         stored = await self.jobs.list_workflows()
-        response = api_pb2.ListWorkflowsResponse(
-            workflows=[stored_workflow_message(item) for item in stored]
+        answer = await _answer_off_loop(
+            lambda: api_pb2.ListWorkflowsResponse(
+                workflows=[stored_workflow_message(item) for item in stored]
+            )
         )
-        return Reply(200, message_json(response))
+        return Reply(200, answer)
 
     # ------------------------------------------------------------------ dead letters
 

@@ -12,6 +12,7 @@ import pytest
 from streams.admission import Admission
 from tests.integration.streams.conftest import WEB_WORKFLOW as WORKFLOW
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
+from tests.loop_gaps import with_longest_gap
 from tests.workflows_fixtures import envelope
 
 pytestmark = pytest.mark.asyncio
@@ -612,3 +613,43 @@ async def test_a_full_backlog_answers_429_and_admits_again_once_it_drains(dsn: s
         elapsed[0] += 1.0
         admitted = await client.post("/v1/workflow-runs", json=body(third))
         assert admitted.status == 201, await admitted.text()
+
+
+def _large_stored_workflow() -> dict[str, Any]:
+    """A definition near the default body limit made of many small values (its
+    external step's fallback): turning it into an answer takes a good part of a second."""
+    workflow = envelope(name="large-fallback", review=None)
+    workflow["steps"].append(
+        {
+            "name": "review",
+            "method": "jobs.test.Embedder/Embed",
+            "rules": ["ids = tokenize.ids"],
+            "completion": "external",
+            "timeoutMs": 60_000,
+            "fallback": {"vector": [0.5] * 150_000, "dimensions": 1},
+        }
+    )
+    workflow["output"] = ["ids = tokenize.ids"]
+    return workflow
+
+
+async def test_stored_workflow_answers_are_made_off_the_event_loop(make_database: Any) -> None:
+    workflow = _large_stored_workflow()
+    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, _):
+
+        async def put() -> Any:
+            response = await client.put("/v1/workflows/large-fallback", json={"workflow": workflow})
+            assert response.status == 200, await response.text()
+            return await response.read()
+
+        async def get(path: str) -> Any:
+            response = await client.get(path)
+            assert response.status == 200, await response.text()
+            return await response.read()
+
+        await put()  # compiled now, so the next put is all answer
+        _, put_gap = await with_longest_gap(put())
+        _, get_gap = await with_longest_gap(get("/v1/workflows/large-fallback"))
+        _, list_gap = await with_longest_gap(get("/v1/workflows"))
+    longest = max(put_gap, get_gap, list_gap)
+    assert longest < 0.2, f"the loop was held for {put_gap:.2f}s, {get_gap:.2f}s, {list_gap:.2f}s"

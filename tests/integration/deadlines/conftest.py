@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient
 
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import put_workflow, serve
-from tests.workflows_fixtures import envelope
+from tests.workflows_fixtures import LARGE_DEFINITION_ENV, envelope
 
 
 def timed_workflow(name: str, **review: Any) -> dict[str, Any]:
@@ -24,7 +24,9 @@ def timed_workflow(name: str, **review: Any) -> dict[str, Any]:
 async def app(dsn: str) -> AsyncIterator[tuple[TestClient[Any, Any], Runtime]]:
     # Completions from the topic may name their principal here, so one can
     # act as the token's owner ("tester") and another as a stranger.
-    async with serve({"DATABASE_URL": dsn, "WFJOBS_TRUST_REQUEST_PRINCIPAL": "true"}) as served:
+    # The large definitions of the event-loop tests are checked in time on a busy machine.
+    env = {"DATABASE_URL": dsn, "WFJOBS_TRUST_REQUEST_PRINCIPAL": "true", **LARGE_DEFINITION_ENV}
+    async with serve(env) as served:
         client, _ = served
         await put_workflow(client, timed_workflow("timed", timeoutMs=60_000))
         await put_workflow(

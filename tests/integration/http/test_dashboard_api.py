@@ -15,7 +15,7 @@ from tests.integration.http.conftest import LiveApi, parked_job
 from tests.integration.http.test_watch import store_review
 from tests.integration.streams.conftest import serve
 from tests.loop_gaps import with_longest_gap
-from tests.workflows_fixtures import large_envelope
+from tests.workflows_fixtures import LARGE_DEFINITION_ENV, large_envelope
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,7 +83,10 @@ async def test_the_form_of_a_parked_step_lists_its_response_fields(live_api: Liv
 async def test_the_form_of_a_definition_not_cached_is_compiled_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
-    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+    async with serve(LARGE_DEFINITION_ENV | {"DATABASE_URL": make_database(migrated=True)}) as (
+        client,
+        runtime,
+    ):
         submitted = await client.post(
             "/v1/workflow-runs", json={"workflow": large_envelope(), "input": {"text": "x"}}
         )

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.streams.conftest import serve
 from tests.loop_gaps import with_longest_gap
-from tests.workflows_fixtures import large_envelope
+from tests.workflows_fixtures import LARGE_DEFINITION_ENV, large_envelope
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,7 +31,10 @@ async def _submitted(client: Any) -> str:
 async def test_a_resume_from_the_snapshot_compiles_it_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
-    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+    async with serve(LARGE_DEFINITION_ENV | {"DATABASE_URL": make_database(migrated=True)}) as (
+        client,
+        runtime,
+    ):
         job_id = await _submitted(client)
         cancelled = await client.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
         assert cancelled.status == 200, await cancelled.text()
@@ -49,7 +52,10 @@ async def test_a_resume_from_the_snapshot_compiles_it_off_the_event_loop(
 async def test_a_completion_compiles_the_snapshot_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
-    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+    async with serve(LARGE_DEFINITION_ENV | {"DATABASE_URL": make_database(migrated=True)}) as (
+        client,
+        runtime,
+    ):
         job_id = await _submitted(client)
         runs = runtime.require_runs()
         claimed = await runs.claim("web-test")
@@ -82,7 +88,10 @@ async def test_a_completion_compiles_the_snapshot_off_the_event_loop(
 async def test_a_completion_repeated_after_the_job_moved_on_compiles_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
-    async with serve({"DATABASE_URL": make_database(migrated=True)}) as (client, runtime):
+    async with serve(LARGE_DEFINITION_ENV | {"DATABASE_URL": make_database(migrated=True)}) as (
+        client,
+        runtime,
+    ):
         job_id = await _submitted(client)
         runs = runtime.require_runs()
         claimed = await runs.claim("web-test")

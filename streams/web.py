@@ -11,6 +11,11 @@ POST     /v1/workflow-runs                                   SubmitWorkflowReque
                                                              (201 created, 200 existed)
 GET      /v1/workflow-runs/{job_id}                          GetJobResponse (with its
                                                              attempt history)
+GET      /v1/workflow-runs/{job_id}/events?after=            the job's events as
+                                                             Server-Sent Events
+                                                             (``streams.watch``)
+GET      /v1/workflow-runs/{job_id}/steps/{step_name}:form   an external step's response
+                                                             fields
 GET      /v1/workflow-runs/{job_id}:explain                  ExplainJobResponse
 GET      /v1/workflow-runs?status=&workflow_name=&limit=     ListJobsResponse
          &page_token=
@@ -33,6 +38,8 @@ PUT      /v1/workflows/{name}                                PutWorkflowRequest 
                                                              PutWorkflowResponse
 GET      /v1/workflows/{name}                                GetWorkflowResponse
 GET      /v1/workflows                                       ListWorkflowsResponse
+GET      /v1/fleet                                           jobs by status, the backlog,
+                                                             the workers and the outbox
 GET      /v1/outbox?status=FAILED&job_id=&limit=         FAILED outbox rows, oldest first
          &page_token=
 POST     /v1/outbox:redrive                                  {"ids": [...]} | {"job_id": ...}
@@ -51,16 +58,16 @@ GET      /v1/openapi.json                                    the OpenAPI documen
                                                              routes (``streams.openapi``)
 =======  ==================================================  ==========================
 
-Every route but ``/healthz``, ``/readyz`` and ``/metrics`` needs ``Authorization: Bearer
-<token>`` carrying the verb's scope, and reaches only the caller's own jobs
-unless the token is fleet-wide (``streams.auth``): submit and resume need ``submit``;
-get and list, of jobs and of stored workflows, ``read``; complete-step
-``complete``; cancel, of one job or by filter, ``cancel``; storing a workflow
-and the outbox and dead-letter routes ``admin`` (the dead-letter topic's
-messages belong to nobody, so those routes also need ``fleet``). A stored
-workflow's version is its ``ETag``; a PUT with ``If-Match: "N"`` lands only on
-version N, one with ``If-None-Match: *`` only creates, and a refused one
-answers 412 ``VERSION_MISMATCH``.
+Every route but ``/healthz``, ``/readyz``, ``/metrics`` and the OpenAPI document
+needs ``Authorization: Bearer <token>`` carrying the verb's scope, and reaches
+only the caller's own jobs unless the token is fleet-wide (``streams.auth``):
+submit and resume need ``submit``; get and list, of jobs and of stored
+workflows, ``read``; complete-step ``complete``; cancel, of one job or by
+filter, ``cancel``; storing a workflow and the outbox and dead-letter routes
+``admin`` (the dead-letter topic's messages belong to nobody, so those routes
+also need ``fleet``). A stored workflow's version is its ``ETag``; a PUT with
+``If-Match: "N"`` lands only on version N, one with ``If-None-Match: *`` only
+creates, and a refused one answers 412 ``VERSION_MISMATCH``.
 
 complete-step answers 200 for the outcomes COMPLETED, ALREADY_DONE and REJECTED:
 a rejected response is the workflow's answer (the job FAILED with that verdict),

@@ -6,9 +6,11 @@ import asyncio
 import gzip
 import json
 import logging
+import re
 import uuid
 import zlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,12 @@ import pytest
 from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
 from streams.jobs import Jobs
 from streams.openapi import OPENAPI_PATH
+from streams.web import (
+    LIST_JOBS_PARAMETERS,
+    LIST_OUTBOX_PARAMETERS,
+    LIST_REQUESTS_DLQ_PARAMETERS,
+    WATCH_JOB_PARAMETERS,
+)
 from tests.integration.http.conftest import LiveApi, parked_job
 from tests.integration.streams.conftest import WEB_WORKFLOW
 
@@ -344,3 +352,46 @@ async def test_the_openapi_document_describes_every_route_served(live_api: LiveA
                 assert "415" in operation["responses"], (path, method)
                 schema = operation["requestBody"]["content"]["application/json"]["schema"]
                 assert schema, (path, method)
+
+
+def _readme_api_rows() -> dict[tuple[str, str], set[str]]:
+    """``(path, method) -> query parameters`` of every route the README's API table names."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    start = readme.index("## The HTTP API")
+    table = readme[start : readme.index("\n## ", start + 1)]
+    rows: dict[tuple[str, str], set[str]] = {}
+    for line in table.splitlines():
+        if not line.startswith("| ") or line.startswith("| verb"):
+            continue
+        named = re.findall(r"`(GET|POST|PUT|DELETE) (/[^`\s]*)`", line)
+        # A row's other parameters are written `?name=` in its text.
+        extra = set(re.findall(r"`\?(\w+)=`", line))
+        for method, target in named:
+            path, _, query = target.partition("?")
+            parameters = {pair.split("=")[0] for pair in query.split("&") if pair} | extra
+            rows[(path, method)] = parameters
+    return rows
+
+
+async def test_the_readme_api_table_and_the_openapi_document_agree_with_the_server(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    described = {
+        (path, method.upper()): {
+            parameter["name"]
+            for parameter in operation.get("parameters", [])
+            if parameter["in"] == "query"
+        }
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+    }
+    assert _readme_api_rows() == described
+    # What each verb accepts is what is documented for it, and nothing more.
+    accepted = {
+        ("/v1/workflow-runs", "GET"): set(LIST_JOBS_PARAMETERS),
+        ("/v1/outbox", "GET"): set(LIST_OUTBOX_PARAMETERS),
+        ("/v1/requests-dlq", "GET"): set(LIST_REQUESTS_DLQ_PARAMETERS),
+        ("/v1/workflow-runs/{job_id}/events", "GET"): set(WATCH_JOB_PARAMETERS),
+    }
+    assert {route: names for route, names in described.items() if names} == accepted

@@ -101,6 +101,10 @@ class _Schemas:
         }
 
     def _field(self, field: Descriptor) -> dict[str, Any]:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            # A map is a repeated entry message in the descriptor, but its JSON is an object.
+            value = self._field(field.message_type.fields_by_name["value"])
+            return {"type": "object", "additionalProperties": value}
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             full_name = field.message_type.full_name
             if full_name in _WELL_KNOWN:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
@@ -395,3 +396,89 @@ async def test_the_readme_api_table_and_the_openapi_document_agree_with_the_serv
         ("/v1/workflow-runs/{job_id}/events", "GET"): set(WATCH_JOB_PARAMETERS),
     }
     assert {route: names for route, names in described.items() if names} == accepted
+
+
+_JSON_TYPES: Mapping[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+    "null": type(None),
+}
+
+
+def _mismatches(
+    document: Mapping[str, Any], schema: Mapping[str, Any], value: Any, at: str
+) -> list[str]:
+    """Where ``value`` strays from ``schema``: its types, enums and field names."""
+    if "$ref" in schema:
+        schema = document["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    if "type" in schema:
+        types = [schema["type"]] if isinstance(schema["type"], str) else schema["type"]
+        if (isinstance(value, bool) and "boolean" not in types) or not any(
+            isinstance(value, _JSON_TYPES[name]) for name in types
+        ):
+            return [f"{at}: {value!r} is not {' or '.join(types)}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{at}: {value!r} is none of {schema['enum']}"]
+    found: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        values = schema.get("additionalProperties")
+        for key, item in value.items():
+            if properties is not None and key in properties:
+                found += _mismatches(document, properties[key], item, f"{at}.{key}")
+            elif isinstance(values, dict):
+                found += _mismatches(document, values, item, f"{at}.{key}")
+            elif properties is not None:
+                found.append(f"{at}: {key!r} is not a documented field")
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            found += _mismatches(document, schema["items"], item, f"{at}[{index}]")
+    return found
+
+
+async def test_every_answer_has_the_shape_the_openapi_document_gives_it(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    operations = {
+        operation["operationId"]: operation
+        for item in document["paths"].values()
+        for operation in item.values()
+    }
+    await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})
+    job_id = await parked_job(live_api)
+    async with await psycopg.AsyncConnection.connect(
+        live_api.runtime.settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(
+            "UPDATE workflow_run_events_outbox SET status = 'FAILED', attempts = 1, "
+            "last_error = 'refused by the test'"
+        )
+    calls: list[tuple[str, str, Any, str]] = [
+        ("GET", "/v1/workflow-runs?limit=1", None, "listJobs"),
+        ("GET", f"/v1/workflow-runs/{job_id}", None, "getJob"),
+        # Explained with FAILED rows, so its delivery has evidence to show.
+        ("GET", f"/v1/workflow-runs/{job_id}:explain", None, "explainJob"),
+        ("GET", f"/v1/workflow-runs/{job_id}/steps/review:form", None, "stepForm"),
+        ("GET", "/v1/fleet", None, "fleetOverview"),
+        ("GET", "/v1/workflows", None, "listWorkflows"),
+        ("GET", "/v1/workflows/web-review", None, "getWorkflow"),
+        ("GET", "/v1/outbox?limit=1", None, "listFailedEvents"),
+        ("POST", "/v1/outbox:redrive", {"all": True}, "redriveEvents"),
+        ("POST", f"/v1/workflow-runs/{job_id}:cancel", {}, "cancelJob"),
+        ("POST", "/v1/workflow-runs:resume", {"statuses": ["CANCELLED"]}, "resumeJobs"),
+        ("GET", "/healthz", None, "liveness"),
+        ("GET", "/readyz", None, "readiness"),
+    ]
+    problems: list[str] = []
+    for method, path, body, operation_id in calls:
+        status, _, answer = await _call(live_api, method, path, body=body)
+        documented = operations[operation_id]["responses"].get(str(status), {})
+        assert "content" in documented, (operation_id, status, answer)
+        schema = documented["content"]["application/json"]["schema"]
+        problems += _mismatches(document, schema, answer, operation_id)
+    assert problems == []

@@ -327,9 +327,10 @@ _DLQ_MESSAGE: Mapping[str, Any] = {
     "properties": {
         "partition": {"type": "integer"},
         "offset": {"type": "integer"},
-        "key": {"type": "string"},
+        # null: a message produced without a key, or stamped with no time.
+        "key": {"type": ["string", "null"]},
         "reason": {"type": "string"},
-        "timestamp": {"type": "string"},
+        "timestamp": {"type": ["string", "null"], "format": "date-time"},
         "size": {"type": "integer"},
         "job_id": {"type": "string"},
         "workflow_name": {"type": "string"},

@@ -18,7 +18,7 @@ import pytest
 
 from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
 from streams.jobs import Jobs
-from streams.openapi import OPENAPI_PATH
+from streams.openapi import OPENAPI_PATH, openapi_document
 from streams.web import (
     LIST_JOBS_PARAMETERS,
     LIST_OUTBOX_PARAMETERS,
@@ -482,3 +482,15 @@ async def test_every_answer_has_the_shape_the_openapi_document_gives_it(
         schema = documented["content"]["application/json"]["schema"]
         problems += _mismatches(document, schema, answer, operation_id)
     assert problems == []
+
+
+async def test_a_keyless_dead_letter_has_the_shape_the_openapi_document_gives_it() -> None:
+    from streams.requests_dlq import DeadLetteredRequest, Position
+
+    document = openapi_document()
+    listing = document["paths"]["/v1/requests-dlq"]["get"]["responses"]["200"]
+    schema = listing["content"]["application/json"]["schema"]
+    # A request produced without a key, by a broker that stamps no time.
+    keyless = DeadLetteredRequest(Position(0, 7), None, "DECODE: bad magic byte", None, 3, "", "")
+    answer = {"topic": "requests.dlq", "total": 1, "messages": [keyless.to_json()]}
+    assert _mismatches(document, schema, answer, "listDeadLetteredRequests") == []

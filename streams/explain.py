@@ -316,7 +316,8 @@ def _waiting(answer: _Answer) -> None:
     answer.action(
         f"Complete step {step!r} with the reviewer's response (JSON of the step's output type).",
         f"wfjobs complete {answer.id} {step} --response JSON",
-        f"POST /v1/workflow-runs/{answer.id}/steps/{step}:complete",
+        # The verb needs its body: the response, JSON as in the command.
+        f'POST /v1/workflow-runs/{answer.id}/steps/{step}:complete {{"response": JSON}}',
     )
     _cancel_action(answer)
 

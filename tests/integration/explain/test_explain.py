@@ -170,7 +170,18 @@ async def test_waiting_names_the_step_since_when_and_the_complete_command(served
         f"wfjobs complete {job_id} review --response JSON",
         f"wfjobs cancel {job_id} --reason TEXT",
     ]
-    assert answer["actions"][0]["http"] == f"POST /v1/workflow-runs/{job_id}/steps/review:complete"
+    http = answer["actions"][0]["http"]
+    assert http == f'POST /v1/workflow-runs/{job_id}/steps/review:complete {{"response": JSON}}'
+    # Sent as written, the JSON filled in, the action completes the step.
+    method, path, body = http.split(" ", 2)
+    response = await client.request(
+        method,
+        path,
+        data=body.replace("JSON", '{"approved": true}'),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status == 200, await response.text()
+    assert (await response.json())["outcome"] == "COMPLETED"
 
 
 async def test_failed_names_the_error_its_class_and_the_worker(served: Served) -> None:

@@ -389,7 +389,9 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
     def message(name: str) -> dict[str, Any]:
         return schemas.ref(getattr(api_pb2, name).DESCRIPTOR)
 
+    # A query filters by a real status; STATUS_UNSPECIFIED is only the proto's zero.
     job_status = _enum(api_pb2.Job.DESCRIPTOR.enum_types_by_name["Status"])
+    job_status["enum"] = [name for name in job_status["enum"] if name != "STATUS_UNSPECIFIED"]
     paths: dict[str, Any] = {
         "/v1/workflow-runs": {
             "post": _operation(

@@ -494,3 +494,21 @@ async def test_a_keyless_dead_letter_has_the_shape_the_openapi_document_gives_it
     keyless = DeadLetteredRequest(Position(0, 7), None, "DECODE: bad magic byte", None, 3, "", "")
     answer = {"topic": "requests.dlq", "total": 1, "messages": [keyless.to_json()]}
     assert _mismatches(document, schema, answer, "listDeadLetteredRequests") == []
+
+
+async def test_every_value_the_openapi_document_offers_a_query_parameter_is_accepted(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    refused = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] != "query" or "enum" not in parameter["schema"]:
+                    continue
+                for value in parameter["schema"]["enum"]:
+                    target = f"{path}?{parameter['name']}={value}"
+                    status, _, body = await _call(live_api, method.upper(), target)
+                    if status != 200:
+                        refused.append((target, status, body))
+    assert refused == []

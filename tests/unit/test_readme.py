@@ -75,3 +75,37 @@ def test_every_command_and_verb_is_in_the_command_table() -> None:
         ):
             missing.append(command)
     assert missing == []
+
+
+def _api_rows() -> dict[str, str]:
+    text = README.read_text()
+    start = text.index("## The HTTP API")
+    table = text[start : text.index("\n## ", start + 1)]
+    return {
+        line.split(" | ")[0].removeprefix("| "): line
+        for line in table.splitlines()
+        if line.startswith("| ")
+    }
+
+
+def test_every_field_of_a_request_body_is_named_in_its_api_row() -> None:
+    from schemas.contract import api_pb2
+
+    bodies = {
+        "submit-workflow": api_pb2.SubmitWorkflowRequest,
+        "complete-step": api_pb2.CompleteStepRequest,
+        "resume": api_pb2.ResumeJobRequest,
+        "cancel": api_pb2.CancelJobRequest,
+        "bulk cancel": api_pb2.CancelJobsRequest,
+        "bulk resume": api_pb2.ResumeJobsRequest,
+    }
+    rows = _api_rows()
+    unnamed = [
+        f"{verb}: {field.name}"
+        for verb, message in bodies.items()
+        for field in message.DESCRIPTOR.fields
+        # The path names these; the body may leave them out.
+        if field.name not in ("job_id", "step_name") or verb == "submit-workflow"
+        if f"`{field.name}`" not in rows[verb] and f'"{field.name}"' not in rows[verb]
+    ]
+    assert unnamed == []

@@ -51,7 +51,7 @@ _WELL_KNOWN: Mapping[str, dict[str, Any]] = {
 }
 
 # Statuses every route may answer besides its own: the framework's and the parser's.
-_COMMON_ERRORS = ("404", "405", "414", "431", "500")
+_COMMON_ERRORS = ("400", "404", "405", "414", "431", "500")
 _ERROR_DESCRIPTIONS: Mapping[str, str] = {
     "400": "INVALID_ARGUMENT: the request is malformed; the message names the field",
     "401": "UNAUTHENTICATED: no token, or one that is unknown or revoked",

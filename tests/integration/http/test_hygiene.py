@@ -512,3 +512,20 @@ async def test_every_value_the_openapi_document_offers_a_query_parameter_is_acce
                     if status != 200:
                         refused.append((target, status, body))
     assert refused == []
+
+
+async def test_every_route_documents_the_parser_refusing_a_malformed_request(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    undocumented = []
+    for path, item in document["paths"].items():
+        # Path parameters filled in, so the request reaches the route.
+        target = path.format(job_id=uuid.uuid4(), step_name="review", name="web-review")
+        for method in item:
+            request = f"{method.upper()} {target} HTTP/1.1\r\nHost: x\r\nNo colon\r\n\r\n"
+            status, _, body = await _raw(live_api, request.encode())
+            assert (status, body["code"]) == (400, "INVALID_ARGUMENT"), body
+            if "400" not in item[method]["responses"]:
+                undocumented.append(f"{method.upper()} {path}")
+    assert undocumented == []

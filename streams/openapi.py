@@ -145,12 +145,17 @@ def _operation(
     parameters: list[dict[str, Any]] | None = None,
     body: dict[str, Any] | None = None,
     scope: str | None = None,
+    fleet: bool = False,
+    needs_also: str = "",
 ) -> dict[str, Any]:
+    """``fleet``: the verb reaches data of no owner, so it needs the ``fleet`` scope too;
+    ``needs_also``: a sentence on what some of its requests need besides."""
     operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
     if scope is None:
         operation["security"] = []
     else:
-        operation["description"] = f"Needs a token with the `{scope}` scope."
+        scopes = f"`{scope}` and `fleet` scopes" if fleet else f"`{scope}` scope"
+        operation["description"] = f"Needs a token with the {scopes}. {needs_also}".strip()
         errors = errors + _AUTH_ERRORS
     if parameters:
         operation["parameters"] = parameters
@@ -404,6 +409,7 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                 errors=("404", "409", "429", "503"),
                 body=_json_body(message("SubmitWorkflowRequest"), "the job"),
                 scope="submit",
+                needs_also="An inline `workflow` also needs the `define-inline` scope.",
             ),
             "get": _operation(
                 "listJobs",
@@ -640,6 +646,7 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                     _query("max", {"type": "integer", "minimum": 1, "maximum": 1000}, "at most")
                 ],
                 scope="admin",
+                fleet=True,
             ),
         },
         "/v1/requests-dlq:redrive": {
@@ -650,6 +657,7 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                 errors=("503",),
                 body=_json_body(_DLQ_REDRIVE, "which messages"),
                 scope="admin",
+                fleet=True,
             ),
         },
         "/healthz": {

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from store.tokens import create_token
 from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
 from streams.jobs import Jobs
 from streams.openapi import OPENAPI_PATH, openapi_document
@@ -529,3 +530,34 @@ async def test_every_route_documents_the_parser_refusing_a_malformed_request(
             if "400" not in item[method]["responses"]:
                 undocumented.append(f"{method.upper()} {path}")
     assert undocumented == []
+
+
+async def test_a_token_with_the_scopes_the_openapi_document_names_is_let_through(
+    live_api_with_kafka: LiveApi,
+) -> None:
+    live_api = live_api_with_kafka
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})
+    database_url = live_api.runtime.settings.database_url
+    refused = []
+    for path, item in document["paths"].items():
+        target = path.format(job_id=uuid.uuid4(), step_name="review", name="web-review")
+        for method, operation in item.items():
+            if operation.get("security") == []:
+                continue
+            # "Needs a token with the `a` (and `b`) scope(s)."
+            needs = operation["description"].split(".")[0]
+            scopes = re.findall(r"`([a-z-]+)`", needs)
+            assert needs.startswith("Needs a token with") and scopes, (path, method)
+            issued = await create_token(database_url, "scoped-tester", tuple(scopes))
+            headers = {"Authorization": f"Bearer {issued.token}"}
+            body = {"workflow_name": "web-review", "input": {"text": "a"}}
+            async with live_api.session.request(
+                method,
+                live_api.url + target,
+                json=body if method != "get" else None,
+                headers=headers,
+            ) as response:
+                if response.status in (401, 403):
+                    refused.append((method, path, scopes, await response.json()))
+    assert refused == []

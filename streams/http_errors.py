@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-Id"
+# Where the middleware leaves a request's id for the answer's headers.
+_REQUEST_ID = web.RequestKey("request_id", str)
 JSON_MEDIA_TYPE = "application/json"
 # Deeper than any definition, input or step response needs, and shallow enough
 # that the protobuf and protovalidate layers (which refuse a message a few levels
@@ -173,6 +175,7 @@ def error_bodies(statuses: Mapping[str, int]) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         request_id = new_request_id()
+        request[_REQUEST_ID] = request_id
         try:
             response = await handler(request)
         except WorkflowJobsError as exc:
@@ -188,11 +191,17 @@ def error_bodies(statuses: Mapping[str, int]) -> Any:
                 request_id,
             )
             return internal_error(request_id)
-        if not response.prepared:
-            response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
     return middleware
+
+
+async def _stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    # On prepare, not in the middleware: a stream (a watch) sends its headers
+    # before its handler returns.
+    request_id = request.get(_REQUEST_ID)
+    if request_id is not None:
+        response.headers.setdefault(REQUEST_ID_HEADER, request_id)
 
 
 def _framework_error(
@@ -330,6 +339,7 @@ def install(app: faust.App, statuses: Mapping[str, int]) -> None:
     faust_web: Any = app.web
     # Outermost, so it also answers for any middleware added after it.
     faust_web.web_app.middlewares.insert(0, error_bodies(statuses))
+    faust_web.web_app.on_response_prepare.append(_stamp_request_id)
     # Faust's aiohttp driver makes its runner when the web service is made and
     # starts the server with it; replacing it before the start is the one way
     # to choose the connection handler of the server Faust runs.

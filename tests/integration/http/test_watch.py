@@ -22,6 +22,7 @@ from cli.main import main as cli_main
 from store.progress import ProgressReport, ProgressStore
 from store.tokens import create_token, revoke_token
 from streams import auth
+from streams.http_errors import REQUEST_ID_HEADER
 from tests.integration.http.conftest import LiveApi, live, parked_job
 from tests.integration.streams.conftest import WEB_WORKFLOW
 
@@ -340,3 +341,14 @@ async def test_a_revoked_token_ends_its_open_watch_within_a_second(
         assert rest == [], "the stream ended without the job's end"
         async with api.session.get(url, headers=headers) as again:
             assert again.status == 401
+
+
+async def test_the_event_stream_carries_a_request_id_like_every_answer(live_api: LiveApi) -> None:
+    await store_review(live_api)
+    job_id = await parked_job(live_api)
+    await live_api.runtime.require_control().cancel(uuid.UUID(job_id), reason="enough")
+    url = live_api.url + events_path(job_id)
+    async with live_api.session.get(url, headers=live_api.auth) as response:
+        assert response.status == 200
+        assert response.headers.get(REQUEST_ID_HEADER), dict(response.headers)
+        assert [m async for m in sse_messages(response)][-1].event == "end"

@@ -221,6 +221,11 @@ class JobSummary:
     created_at: datetime
     updated_at: datetime
     owner: str | None = None
+    deadline_at: datetime | None = None
+    step_deadline_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    resumed_from: UUID | None = None
+    resumed_by: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,11 @@ SUMMARY_COLUMNS = (
     "created_at",
     "updated_at",
     "owner",
+    "deadline_at",
+    "step_deadline_at",
+    "cancel_requested_at",
+    "resumed_from",
+    "resumed_by",
 )
 
 # Submits share this lock on a snapshot's hash with retention, which takes it

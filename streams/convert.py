@@ -55,7 +55,7 @@ def _set_time(target: Timestamp, value: datetime | None) -> None:
 
 
 def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
-    """The ``Job`` view list-jobs answers with: state only, no checkpoints, input or result."""
+    """The ``Job`` view list-jobs answers with: its state and links, none of its payloads."""
     message = JobMessage(
         job_id=str(job.job_id),
         workflow_name=job.workflow_name,
@@ -72,6 +72,11 @@ def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
     _set_time(message.lease_until, job.lease_until)
     _set_time(message.created_at, job.created_at)
     _set_time(message.updated_at, job.updated_at)
+    message.resumed_from = str(job.resumed_from or "")
+    message.resumed_by = str(job.resumed_by or "")
+    _set_time(message.deadline, job.deadline_at)
+    _set_time(message.step_deadline, job.step_deadline_at)
+    _set_time(message.cancel_requested_at, job.cancel_requested_at)
     return message
 
 
@@ -112,11 +117,6 @@ def job_message(job: Job, history: Sequence[Attempt] = ()) -> api_pb2.Job:
     if job.result is not None:
         message.result.SetInParent()
         _set_struct(message.result, job.result)
-    message.resumed_from = str(job.resumed_from or "")
-    message.resumed_by = str(job.resumed_by or "")
-    _set_time(message.deadline, job.deadline_at)
-    _set_time(message.step_deadline, job.step_deadline_at)
-    _set_time(message.cancel_requested_at, job.cancel_requested_at)
     if job.review_request is not None:
         message.review_request.SetInParent()
         _set_struct(message.review_request, job.review_request)

@@ -595,13 +595,8 @@ class HttpVerbs:
             request_key=request.request_key,
             limit=request.limit,
         )
-        resumed = []
-        for item in done.resumed:
-            summary = job_summary_message(item.job)
-            summary.resumed_from = str(item.job.resumed_from or "")
-            resumed.append(summary)
         response = api_pb2.ResumeJobsResponse(
-            resumed=resumed,
+            resumed=[job_summary_message(item.job) for item in done.resumed],
             refused=[
                 api_pb2.ResumeJobsResponse.Refusal(
                     job_id=str(refusal.job_id), code=refusal.code, message=refusal.message

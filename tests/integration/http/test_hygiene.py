@@ -561,3 +561,24 @@ async def test_a_token_with_the_scopes_the_openapi_document_names_is_let_through
                 if response.status in (401, 403):
                     refused.append((method, path, scopes, await response.json()))
     assert refused == []
+
+
+async def test_a_listed_job_carries_every_field_get_job_does_but_its_payloads(
+    live_api: LiveApi,
+) -> None:
+    await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})
+    submit = {"workflow_name": "web-review", "input": {"text": "a"}, "deadline_ms": 600000}
+    _, _, submitted = await _call(live_api, "POST", "/v1/workflow-runs", body=submit)
+    job_id = submitted["job"]["job_id"]
+    await _call(live_api, "POST", f"/v1/workflow-runs/{job_id}:cancel", body={"reason": "r"})
+    _, _, resumed = await _call(live_api, "POST", f"/v1/workflow-runs/{job_id}:resume", body={})
+    _, _, listed = await _call(live_api, "GET", "/v1/workflow-runs")
+    assert len(listed["jobs"]) == 2
+    payloads = {"checkpoints", "input", "result", "review_request", "history"}
+    for summary in listed["jobs"]:
+        _, _, got = await _call(live_api, "GET", f"/v1/workflow-runs/{summary['job_id']}")
+        whole = {key: value for key, value in got["job"].items() if key not in payloads}
+        assert summary == whole
+    assert {job["job_id"]: job.get("resumed_by") for job in listed["jobs"]}[job_id] == (
+        resumed["job"]["job_id"]
+    )

@@ -407,6 +407,10 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                     "201": _answer(message("SubmitWorkflowResponse"), "the job was created"),
                 },
                 errors=("404", "409", "429", "503"),
+                parameters=[
+                    _header("traceparent", "W3C trace context: the job's spans join this trace"),
+                    _header("tracestate", "W3C trace state, sent with traceparent"),
+                ],
                 body=_json_body(message("SubmitWorkflowRequest"), "the job"),
                 scope="submit",
                 needs_also="An inline `workflow` also needs the `define-inline` scope.",

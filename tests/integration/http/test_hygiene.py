@@ -20,6 +20,7 @@ from store.tokens import create_token
 from streams.http_errors import MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_URL_BYTES, REQUEST_ID_HEADER
 from streams.jobs import Jobs
 from streams.openapi import OPENAPI_PATH, openapi_document
+from streams.tracing import TRACEPARENT, TRACESTATE
 from streams.web import (
     LIST_JOBS_PARAMETERS,
     LIST_OUTBOX_PARAMETERS,
@@ -582,3 +583,19 @@ async def test_a_listed_job_carries_every_field_get_job_does_but_its_payloads(
     assert {job["job_id"]: job.get("resumed_by") for job in listed["jobs"]}[job_id] == (
         resumed["job"]["job_id"]
     )
+
+
+async def test_the_request_headers_the_verbs_read_are_documented(live_api: LiveApi) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    documented = {
+        (path, method): {p["name"] for p in operation.get("parameters", []) if p["in"] == "header"}
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+    }
+    # What streams.web reads besides Authorization (the security scheme's).
+    read = {
+        ("/v1/workflow-runs", "post"): {TRACEPARENT, TRACESTATE},
+        ("/v1/workflow-runs/{job_id}/events", "get"): {"Last-Event-ID"},
+        ("/v1/workflows/{name}", "put"): {"If-Match", "If-None-Match"},
+    }
+    assert {route: names for route, names in documented.items() if names} == read

@@ -136,6 +136,12 @@ def _answer(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {JSON_MEDIA_TYPE: {"schema": dict(schema)}}}
 
 
+def _versioned(answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` with the ETag header a stored workflow's answers carry."""
+    etag = {"description": 'the version, quoted: "3"', "schema": {"type": "string"}}
+    return {**answer, "headers": {"ETag": etag}}
+
+
 def _operation(
     operation_id: str,
     summary: str,
@@ -596,7 +602,7 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
             "get": _operation(
                 "getWorkflow",
                 "One stored workflow definition; its version is the ETag",
-                {"200": _answer(message("GetWorkflowResponse"), "the definition")},
+                {"200": _versioned(_answer(message("GetWorkflowResponse"), "the definition"))},
                 errors=("400", "503"),
                 parameters=[_path("name", _NAME, "the workflow's name")],
                 scope="read",
@@ -604,7 +610,11 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
             "put": _operation(
                 "putWorkflow",
                 "Store a workflow definition under its name",
-                {"200": _answer(message("PutWorkflowResponse"), "the stored definition")},
+                {
+                    "200": _versioned(
+                        _answer(message("PutWorkflowResponse"), "the stored definition")
+                    )
+                },
                 errors=("409", "412", "503"),
                 parameters=[
                     _path("name", _NAME, "the workflow's name (the definition's own)"),

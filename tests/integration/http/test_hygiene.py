@@ -599,3 +599,16 @@ async def test_the_request_headers_the_verbs_read_are_documented(live_api: LiveA
         ("/v1/workflows/{name}", "put"): {"If-Match", "If-None-Match"},
     }
     assert {route: names for route, names in documented.items() if names} == read
+
+
+async def test_a_stored_workflows_etag_is_documented_where_it_is_answered(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    item = document["paths"]["/v1/workflows/{name}"]
+    for method, body in (("put", {"workflow": WEB_WORKFLOW}), ("get", None)):
+        status, headers, answer = await _call(
+            live_api, method.upper(), "/v1/workflows/web-review", body=body
+        )
+        assert status == 200 and headers["ETag"] == f'"{answer["workflow"]["version"]}"'
+        assert "ETag" in item[method]["responses"]["200"].get("headers", {}), method

@@ -22,6 +22,7 @@ from devstack.processes import (
     ServiceError,
     free_port,
     log_tail,
+    port_free,
     wait_until_ready,
 )
 from store import databases
@@ -29,6 +30,8 @@ from store.databases import dsn_with_database
 
 _DB_PREFIX = re.compile(r"[a-z][a-z0-9_]{0,30}")
 _PG_SYSTEM_USER = "embedded_postgres"
+# Where a kept directory remembers its server's port, beside ``data``.
+_PORT_FILE = "port"
 
 # Durability is worthless for throwaway test data and costs most of the commit time.
 POSTGRES_TEST_SETTINGS: Mapping[str, str] = {
@@ -65,7 +68,8 @@ class PostgresService(ServiceBase):
         """``database_url=None`` reads ``DATABASE_URL``; ``""`` forces an embedded server.
 
         ``data_dir`` keeps an embedded server's files there across runs: a cluster
-        already in it is started as it is, and nothing in it is removed at stop.
+        already in it is started as it is, on the port it had while that is free,
+        and nothing in it is removed at stop.
         """
         if database_url is None:
             database_url = os.environ.get("DATABASE_URL", "")
@@ -155,9 +159,15 @@ class PostgresService(ServiceBase):
         if not (pgdata / "PG_VERSION").is_file():
             self._initdb(bin_dir, user, workdir, pgdata)
 
+        # A kept directory comes back on its last port while that is free, so a
+        # DATABASE_URL exported for the last run reaches this one.
+        kept_port = self._kept_port(workdir)
         last_error: ServiceError | None = None
         for _ in range(3):
-            port = free_port()
+            if kept_port is not None and port_free(kept_port):
+                port, kept_port = kept_port, None
+            else:
+                port = free_port()
             options = {
                 **self._settings,
                 "listen_addresses": LOOPBACK,
@@ -194,6 +204,8 @@ class PostgresService(ServiceBase):
                 break
             self._process = process
             self._dsn = dsn
+            if self._data_dir is not None:
+                (workdir / _PORT_FILE).write_text(f"{port}\n")
             self._relaunch = functools.partial(
                 ManagedProcess,
                 "postgres",
@@ -206,6 +218,14 @@ class PostgresService(ServiceBase):
             return
         assert last_error is not None
         raise last_error
+
+    def _kept_port(self, workdir: Path) -> int | None:
+        """The port a kept directory's server last listened on, if it names one."""
+        if self._data_dir is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            return int((workdir / _PORT_FILE).read_text())
+        return None
 
     @staticmethod
     def _initdb(bin_dir: Path, user: str | None, workdir: Path, pgdata: Path) -> None:

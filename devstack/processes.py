@@ -108,6 +108,22 @@ def free_port(host: str = LOOPBACK) -> int:
             return port
 
 
+def port_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether a server could listen on ``port`` now.
+
+    Checked the way the worker (aiohttp, through asyncio), Tansu and Postgres
+    bind, with SO_REUSEADDR: connections of the previous run linger in
+    TIME_WAIT for a minute and must not move a restarted server to another port.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` of a log, preceded by its first error lines.
 

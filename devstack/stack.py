@@ -54,6 +54,7 @@ from devstack.processes import (
     StopSignals,
     free_port,
     log_tail,
+    port_free,
     wait_until_ready,
 )
 from devstack.tansu import TansuService
@@ -361,7 +362,7 @@ class DevStack:
             asyncio.run(migrate(self.database_url))
             self.token = ensure_dev_token(self.database_url, self.token_path)
             kafka_port = self._requested_kafka_port
-            if kafka_port is not None and not _port_free(kafka_port):
+            if kafka_port is not None and not port_free(kafka_port):
                 kafka_port, self.kafka_port_was_taken = None, True
             # The CLI's defaults (KAFKA_BOOTSTRAP_SERVERS, WFJOBS_URL) point at
             # these ports, so the README's commands work without any exports.
@@ -369,7 +370,7 @@ class DevStack:
             self.tansu.start()
             ensure_topics(self.bootstrap_servers, DEFAULT_TOPICS)
             port = self._requested_port
-            if not _port_free(port):
+            if not port_free(port):
                 port, self.port_was_taken = free_port(), True
             env = worker_environment(
                 database_url=self.database_url,
@@ -410,24 +411,6 @@ class DevStack:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-
-
-def _port_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` now.
-
-    Checked the way the worker (aiohttp, through asyncio) and Tansu bind, with
-    SO_REUSEADDR: connections of the previous run linger in TIME_WAIT for a
-    minute and must not move a restarted stack to another port.
-    """
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
 
 
 def _activate_command() -> str | None:

@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -28,9 +29,11 @@ from typing import Any
 import pytest
 
 from cli.main import main as cli_main
+from devstack.postgres import PostgresService
 from devstack.processes import free_port
 from devstack.stack import DevStack, next_steps
 from devstack.tansu import TansuService
+from store import databases
 from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
 
 pytestmark = [pytest.mark.tansu, pytest.mark.e2e]
@@ -187,6 +190,23 @@ def run_the_readme_walkthrough(capsys: pytest.CaptureFixture[str]) -> None:
     assert produced in out and job_id not in out
 
 
+def test_a_kept_postgres_comes_back_on_its_port_unless_it_is_taken(dev_folder: Path) -> None:
+    # The banner's `export DATABASE_URL=...` must still reach the restarted stack.
+    data_dir = dev_folder / "postgres"
+    with PostgresService("", data_dir=data_dir) as first:
+        kept = first.dsn
+    with PostgresService("", data_dir=data_dir) as second:
+        assert second.dsn == kept
+    port = int(kept.rsplit(":", 1)[1].split("/", 1)[0])
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with PostgresService("", data_dir=data_dir) as moved:
+            assert moved.dsn != kept
+            assert databases.connects(moved.dsn)
+
+
 def test_tansu_takes_the_port_it_is_given() -> None:
     # What lets `make dev` sit on KAFKA_BOOTSTRAP_SERVERS's default, 127.0.0.1:9092.
     port = free_port()
@@ -224,6 +244,7 @@ def test_the_readme_walkthrough_then_a_restart_keeps_jobs_workflows_and_the_port
     with DevStack(web_port=port, kafka_port=None, workdir=dev_folder) as second:
         use(second, monkeypatch)
         assert (second.url, second.port_was_taken) == (first.url, False)
+        assert second.database_url == first.database_url
         assert job(capsys, job_id) == parked
         listed = json.loads(wfjobs(capsys, ["--json", "workflows", "list"]))["workflows"]
         assert sorted(workflow["name"] for workflow in listed) == sorted(

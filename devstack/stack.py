@@ -35,6 +35,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from devstack.processes import (
     ChildProcess,
     Launch,
     ManagedProcess,
+    ServiceBase,
     ServiceError,
     StopSignals,
     free_port,
@@ -288,6 +290,22 @@ def _send(request: urllib.request.Request, *, absent_ok: bool = False) -> bool:
         raise ServiceError(f"{what}: {exc}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A process of the stack that stopped running: which, how, and where it logged."""
+
+    name: str
+    exit_code: int
+    log_path: Path | None
+
+    def __str__(self) -> str:
+        # Popen's negative code is the signal that ended the process.
+        if self.exit_code < 0:
+            with contextlib.suppress(ValueError):
+                return f"{self.name} was killed by {signal.Signals(-self.exit_code).name}"
+        return f"{self.name} exited with code {self.exit_code}"
+
+
 class DevStack:
     """Embedded Postgres + Tansu + one all-roles worker + the sample workflow."""
 
@@ -388,6 +406,20 @@ class DevStack:
         except BaseException:
             self.stop()
             raise
+
+    def ended(self) -> Ended | None:
+        """The first process of the stack that is no longer running, if one is not."""
+        children: list[tuple[str, ServiceBase | WorkerProcess | None]] = [
+            ("Postgres", self.postgres),
+            ("Tansu", self.tansu),
+            ("the worker", self.worker),
+        ]
+        for name, child in children:
+            code = child.exit_code() if child is not None else None
+            if code is not None:
+                assert child is not None
+                return Ended(name, code, child.log_path)
+        return None
 
     def _remove_kept_data(self) -> None:
         for name in _KEPT_ENTRIES:
@@ -507,14 +539,17 @@ def _run_dev_stack(stack: DevStack, web_port: int, console: Console, stops: Stop
         if stack.port_was_taken or stack.kafka_port_was_taken:
             console.print("[yellow]export the variables below before using wfjobs[/]")
         console.print(next_steps(stack))
-        assert stack.worker is not None
+        # Any one of them gone leaves a stack that only looks up: say which, and stop.
         while not stops.wait(0.5):
-            code = stack.worker.exit_code()
-            if code is not None:
-                console.print(
-                    f"[red]the worker exited with code {code}[/]; log {stack.worker.log_path}:\n"
-                    + escape(log_tail(stack.worker.log_path))
+            ended = stack.ended()
+            if ended is not None:
+                log = (
+                    f"; log {escape(str(ended.log_path))}:\n" + escape(log_tail(ended.log_path))
+                    if ended.log_path is not None
+                    else ""
                 )
+                console.print(f"[red]{escape(str(ended))}[/]{log}")
+                console.print("stopping the rest...")
                 return 1
         console.print("stopping...")
         return 0

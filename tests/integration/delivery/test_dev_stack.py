@@ -14,12 +14,16 @@ among them), on the same port.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,11 +32,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from rich.console import Console
 
 from cli.main import main as cli_main
 from devstack.postgres import PostgresService
-from devstack.processes import free_port
-from devstack.stack import DevStack, next_steps
+from devstack.processes import StopSignals, free_port
+from devstack.stack import DevStack, _run_dev_stack, next_steps
 from devstack.tansu import TansuService
 from store import databases
 from workflows.samples import SAMPLE_WORKFLOW_NAME, WORKFLOW_FILE
@@ -219,6 +224,41 @@ def test_a_kept_postgres_keeps_every_commit_it_acknowledged(dev_folder: Path) ->
             ).fetchall()
         )
     assert settings == {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
+
+@pytest.mark.parametrize("victim", ["Postgres", "Tansu", "the worker"])
+def test_wfjobs_dev_names_a_dead_child_and_stops_the_rest(dev_folder: Path, victim: str) -> None:
+    stack = DevStack(web_port=free_port(), kafka_port=None, workdir=dev_folder)
+    output = io.StringIO()
+    stops = StopSignals()
+    codes: list[int] = []
+    runner = threading.Thread(
+        target=lambda: codes.append(
+            _run_dev_stack(stack, 0, Console(file=output, width=200), stops)
+        )
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while "dev stack is up" not in output.getvalue():
+            assert runner.is_alive() and time.monotonic() < deadline, output.getvalue()
+            time.sleep(0.2)
+        assert stack.worker is not None
+        children = {"Postgres": stack.postgres.pid, "Tansu": stack.tansu.pid}
+        children["the worker"] = stack.worker.pid
+        pid = children[victim]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        runner.join(timeout=60)
+    finally:
+        stops.requested = True
+        runner.join(timeout=60)
+    assert codes == [1], output.getvalue()
+    assert f"{victim} was killed by SIGKILL" in output.getvalue()
+    for child in children.values():
+        assert child is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
 
 
 def test_tansu_takes_the_port_it_is_given() -> None:

@@ -337,8 +337,13 @@ class DevStack:
         self._handlers = tuple(handlers)
         # Tansu holds a group join for about half the session timeout: with the
         # production default a fresh worker would read its first request only
-        # about half a minute after the stack is up.
-        self._worker_env = {"WFJOBS_BROKER_SESSION_TIMEOUT_S": "6", **(worker_env or {})}
+        # about half a minute after the stack is up. The stack has one user, the
+        # token's: what it submits over HTTP, a StepCompletion from Kafka reaches.
+        self._worker_env = {
+            "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
+            "WFJOBS_REQUEST_PRINCIPAL": DEV_PRINCIPAL,
+            **(worker_env or {}),
+        }
         # Always embedded, whatever DATABASE_URL says; throwaway data in its own scratch dir.
         self.postgres = (
             PostgresService(

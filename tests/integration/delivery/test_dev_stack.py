@@ -261,6 +261,32 @@ def test_wfjobs_dev_names_a_dead_child_and_stops_the_rest(dev_folder: Path, vict
             os.kill(child, 0)
 
 
+def test_a_job_submitted_over_http_is_completed_from_kafka(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dev stack has one user: what the token submits, a StepCompletion reaches.
+    with DevStack(web_port=free_port(), kafka_port=None) as stack:
+        use(stack, monkeypatch)
+        out = wfjobs(
+            capsys, ["submit", "--workflow-name", SAMPLE_WORKFLOW_NAME, "--input", '{"text": "hi"}']
+        )
+        match = JOB_ID.search(out)
+        assert match is not None, out
+        job_id = match.group(0)
+        wait_for_status(capsys, job_id, "WAITING")
+        review = '{"approved": true, "note": "from kafka"}'
+        wfjobs(capsys, ["produce-completion", job_id, "review", "--response", review])
+        done = wait_for_status(capsys, job_id, "COMPLETED")
+        assert done["owner"] == "dev"
+        out = wfjobs(
+            capsys,
+            ["produce", "--workflow-name", SAMPLE_WORKFLOW_NAME, "--input", '{"text": "hi"}'],
+        )
+        match = JOB_ID.search(out)
+        assert match is not None, out
+        assert wait_for_status(capsys, match.group(0), "WAITING")["owner"] == "dev"
+
+
 def test_tansu_takes_the_port_it_is_given() -> None:
     # What lets `make dev` sit on KAFKA_BOOTSTRAP_SERVERS's default, 127.0.0.1:9092.
     port = free_port()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -37,7 +38,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -80,6 +81,8 @@ TOKEN_FILE = Path(defaults.DEV_TOKEN_FILE).name
 DEV_PRINCIPAL = "dev"
 # What a dev folder holds; ``fresh`` removes exactly these, nothing else a user put there.
 _KEPT_ENTRIES = ("postgres", "faust-data", "worker.log", TOKEN_FILE)
+# Held (flock) by the stack running on a folder, for as long as it runs.
+_LOCK_FILE = "lock"
 # Kept data must survive a machine crash, and an acknowledged commit a crash of
 # the server; the test settings trade both for speed.
 _KEPT_POSTGRES_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
@@ -358,6 +361,7 @@ class DevStack:
         self.worker: WorkerProcess | None = None
         self.port_was_taken = False
         self.kafka_port_was_taken = False
+        self._lock: IO[str] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -378,9 +382,11 @@ class DevStack:
         from workflows.samples import sample_workflow
 
         try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            if self.keeps_data:
+                self._lock_folder()
             if self._fresh:
                 self._remove_kept_data()
-            self.workdir.mkdir(parents=True, exist_ok=True)
             self.postgres.start()
             self.database_url = self.postgres.ensure_database(DEV_DATABASE)
             asyncio.run(migrate(self.database_url))
@@ -426,6 +432,20 @@ class DevStack:
                 return Ended(name, code, child.log_path)
         return None
 
+    def _lock_folder(self) -> None:
+        """Hold the folder for this stack: a second one on it would start a
+        Postgres the running one's refuses, or with ``fresh`` delete its data."""
+        lock = open(self.workdir / _LOCK_FILE, "a")  # noqa: SIM115 - held until stop
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ServiceError(
+                f"{self.workdir} is in use by another wfjobs dev: stop that one first "
+                "(or give this one another --workdir)"
+            ) from None
+        self._lock = lock
+
     def _remove_kept_data(self) -> None:
         for name in _KEPT_ENTRIES:
             path = self.workdir / name
@@ -440,6 +460,9 @@ class DevStack:
             self.worker.stop()
         self.tansu.stop()
         self.postgres.stop()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
         if not self.keeps_data:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

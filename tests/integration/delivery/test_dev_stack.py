@@ -36,7 +36,7 @@ from rich.console import Console
 
 from cli.main import main as cli_main
 from devstack.postgres import PostgresService
-from devstack.processes import StopSignals, free_port
+from devstack.processes import ServiceError, StopSignals, free_port
 from devstack.stack import DevStack, _run_dev_stack, next_steps
 from devstack.tansu import TansuService
 from store import databases
@@ -285,6 +285,23 @@ def test_a_job_submitted_over_http_is_completed_from_kafka(
         match = JOB_ID.search(out)
         assert match is not None, out
         assert wait_for_status(capsys, match.group(0), "WAITING")["owner"] == "dev"
+
+
+def test_a_second_stack_on_a_folder_in_use_is_refused_and_touches_nothing(
+    dev_folder: Path,
+) -> None:
+    # Above all `--fresh`, which would delete the running stack's database.
+    with DevStack(web_port=free_port(), kafka_port=None, workdir=dev_folder) as running:
+        kept = sorted(path.name for path in dev_folder.iterdir())
+        second = DevStack(web_port=free_port(), kafka_port=None, workdir=dev_folder, fresh=True)
+        with pytest.raises(ServiceError, match="in use by another wfjobs dev"):
+            second.start()
+        assert sorted(path.name for path in dev_folder.iterdir()) == kept
+        assert running.ended() is None
+        assert running.worker is not None and running.worker.healthy()
+    # Stopped, the folder is free again.
+    with DevStack(web_port=free_port(), kafka_port=None, workdir=dev_folder, fresh=True) as again:
+        assert again.ended() is None
 
 
 def test_tansu_takes_the_port_it_is_given() -> None:

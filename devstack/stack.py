@@ -557,6 +557,10 @@ def _run_dev_stack(stack: DevStack, web_port: int, console: Console, stops: Stop
     try:
         with console.status("starting Postgres, Tansu and a worker..."):
             stack.start()
+        # A stop asked for while starting is only a flag until now: no banner for it.
+        if stops.requested:
+            console.print("stopping...")
+            return 0
         if stack.port_was_taken:
             console.print(f"[yellow]port {web_port} is taken; the API is on {stack.url}[/]")
         if stack.kafka_port_was_taken:

@@ -304,6 +304,17 @@ def test_a_second_stack_on_a_folder_in_use_is_refused_and_touches_nothing(
         assert again.ended() is None
 
 
+def test_ctrl_c_while_wfjobs_dev_starts_stops_it_without_the_banner(dev_folder: Path) -> None:
+    stack = DevStack(web_port=free_port(), kafka_port=None, workdir=dev_folder)
+    output = io.StringIO()
+    stops = StopSignals()
+    stops.requested = True  # pressed while the services were starting
+    assert _run_dev_stack(stack, 0, Console(file=output, width=200), stops) == 0
+    assert "dev stack is up" not in output.getvalue()
+    assert "stopping" in output.getvalue()
+    assert stack.postgres.pid is None and stack.tansu.pid is None
+
+
 def test_tansu_takes_the_port_it_is_given() -> None:
     # What lets `make dev` sit on KAFKA_BOOTSTRAP_SERVERS's default, 127.0.0.1:9092.
     port = free_port()

@@ -16,6 +16,8 @@ absorbs what had already been done.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -44,9 +46,22 @@ def worth_waiting_out(exc: BaseException) -> bool:
     return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
 
 
-def stopping_on_crash(app: faust.App, what: str, body: AgentBody) -> AgentBody:
+# The exit status of a worker whose stop after a crash never finished.
+EXIT_STOP_HUNG = 1
+# Beyond the loops' grace, for the clients' own shutdown (flushes, leaving the group).
+STOP_MARGIN_S = 30.0
+
+
+def stopping_on_crash(app: faust.App, what: str, body: AgentBody, *, grace_s: float) -> AgentBody:
     """``body`` as the ``what`` agent: an error escaping it stops ``app``, and the
-    agent ends instead of being restarted past the events it held."""
+    agent ends instead of being restarted past the events it held.
+
+    Should the stop itself not finish ``STOP_MARGIN_S`` after the loops' own
+    ``grace_s`` (``WFJOBS_SHUTDOWN_GRACE_S``) is up (a client library's
+    shutdown that waits on a consumer whose agent is gone), the process exits
+    anyway: a worker with a dead agent must not linger looking alive while its
+    partitions wait for a member that will never read them.
+    """
 
     async def agent(stream: StreamT[bytes]) -> None:
         try:
@@ -62,10 +77,27 @@ def stopping_on_crash(app: faust.App, what: str, body: AgentBody) -> AgentBody:
                 type(cause).__name__,
                 cause,
             )
+            _exit_unless_stopped_within(grace_s + STOP_MARGIN_S, what)
             # Logs the traceback; the worker then stops and exits non-zero.
             await app.crash(exc)
 
     return agent
 
 
-__all__ = ["stopping_on_crash", "worth_waiting_out"]
+def _exit_unless_stopped_within(seconds: float, what: str) -> None:
+    # A thread, not the event loop: a stop that hangs may hold the loop too.
+    def exit_now() -> None:
+        log.critical(
+            "workflow-jobs: the worker did not stop within %.0fs of its %s agent's death; exiting",
+            seconds,
+            what,
+        )
+        logging.shutdown()
+        os._exit(EXIT_STOP_HUNG)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True  # a stop that finishes in time exits without waiting for it
+    timer.start()
+
+
+__all__ = ["EXIT_STOP_HUNG", "STOP_MARGIN_S", "stopping_on_crash", "worth_waiting_out"]

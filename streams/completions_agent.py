@@ -316,7 +316,7 @@ def register_completions_agent(app: faust.App, runtime: Runtime) -> None:
             await manual.ack(event)
 
     app.agent(completions, name=defaults.COMPLETIONS_TOPIC)(
-        stopping_on_crash(app, "completions", consume)
+        stopping_on_crash(app, "completions", consume, grace_s=settings.shutdown_grace_s)
     )
 
 

@@ -492,7 +492,9 @@ def register_request_agent(app: faust.App, runtime: Runtime) -> None:
             tasks.create_task(read())
             tasks.create_task(submit())
 
-    app.agent(requests, name=defaults.REQUESTS_TOPIC)(stopping_on_crash(app, "request", consume))
+    app.agent(requests, name=defaults.REQUESTS_TOPIC)(
+        stopping_on_crash(app, "request", consume, grace_s=settings.shutdown_grace_s)
+    )
     # Every partition of the topic must have an owner in the group, or no
     # request on it is ever submitted (see streams.ownership).
     install_ownership(app, runtime, settings.requests_topic)

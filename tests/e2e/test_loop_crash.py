@@ -15,6 +15,8 @@ import pytest
 
 from devstack.stack import WorkerProcess
 from schemas.contract import StepCompletion
+from streams.agents import STOP_MARGIN_S
+from streams.settings import Settings
 from tests.e2e.broken_loops import LOOP_ENV, MESSAGE, TRIGGER_ENV
 from tests.e2e.harness import HANDLERS_MODULE, Stack, wait_until
 from tests.workflows_fixtures import envelope
@@ -57,8 +59,11 @@ async def _exit_code(worker: WorkerProcess, what: str) -> int:
     async def exited() -> int | None:
         return worker.exit_code()
 
+    # Past the stop's own bound (the grace and its margin): a stop that hangs
+    # ends in the process's exit all the same.
+    bound = Settings.from_env({}).shutdown_grace_s + STOP_MARGIN_S + 10
     try:
-        return await wait_until(exited, timeout_s=30, interval_s=0.2)
+        return await wait_until(exited, timeout_s=bound, interval_s=0.2)
     except TimeoutError:
         raise AssertionError(
             f"the worker is still running with its {what} agent dead\n{worker.log_tail(80)}"

@@ -28,6 +28,21 @@ async def _submitted(client: Any) -> str:
     return job_id
 
 
+async def _parked_at_review(client: Any, runtime: Any) -> str:
+    """A job of the large workflow, its steps before ``review`` checkpointed, parked there."""
+    job_id = await _submitted(client)
+    runs = runtime.require_runs()
+    claimed = await runs.claim("web-test")
+    assert claimed is not None and str(claimed.job_id) == job_id
+    tokens = {"ids": [1], "count": 1}
+    for name in [f"copy{index}" for index in range(61)] + ["tokenize"]:
+        await runs.checkpoint(claimed.lease, {"name": name, "skipped": False, "response": tokens})
+    embedding = {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}
+    await runs.checkpoint(claimed.lease, {"name": "embed", "skipped": False, "response": embedding})
+    await runs.park(claimed.lease, "review")
+    return job_id
+
+
 async def test_a_resume_from_the_snapshot_compiles_it_off_the_event_loop(
     make_database: Callable[..., str],
 ) -> None:
@@ -56,20 +71,7 @@ async def test_a_completion_compiles_the_snapshot_off_the_event_loop(
         client,
         runtime,
     ):
-        job_id = await _submitted(client)
-        runs = runtime.require_runs()
-        claimed = await runs.claim("web-test")
-        assert claimed is not None and str(claimed.job_id) == job_id
-        tokens = {"ids": [1], "count": 1}
-        for name in [f"copy{index}" for index in range(61)] + ["tokenize"]:
-            await runs.checkpoint(
-                claimed.lease, {"name": name, "skipped": False, "response": tokens}
-            )
-        embedding = {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}
-        await runs.checkpoint(
-            claimed.lease, {"name": "embed", "skipped": False, "response": embedding}
-        )
-        await runs.park(claimed.lease, "review")
+        job_id = await _parked_at_review(client, runtime)
         runtime.cache.clear()
 
         async def complete() -> Any:
@@ -92,20 +94,7 @@ async def test_a_completion_repeated_after_the_job_moved_on_compiles_off_the_eve
         client,
         runtime,
     ):
-        job_id = await _submitted(client)
-        runs = runtime.require_runs()
-        claimed = await runs.claim("web-test")
-        assert claimed is not None and str(claimed.job_id) == job_id
-        tokens = {"ids": [1], "count": 1}
-        for name in [f"copy{index}" for index in range(61)] + ["tokenize"]:
-            await runs.checkpoint(
-                claimed.lease, {"name": name, "skipped": False, "response": tokens}
-            )
-        embedding = {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}
-        await runs.checkpoint(
-            claimed.lease, {"name": "embed", "skipped": False, "response": embedding}
-        )
-        await runs.park(claimed.lease, "review")
+        job_id = await _parked_at_review(client, runtime)
         url = f"/v1/workflow-runs/{job_id}/steps/review:complete"
         first = await client.post(url, json={"response": {"approved": True}})
         assert first.status == 200, await first.text()

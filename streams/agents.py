@@ -1,5 +1,5 @@
 """What the request and completions agents share: a body that crashes stops the
-process, and which errors a message waits out.
+process, which errors a message waits out, and when an attempt waits too long.
 
 Faust's default supervisor restarts a crashed agent on the same stream. The
 events the dead body had read but not acknowledged are then never handled
@@ -15,16 +15,19 @@ absorbs what had already been done.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError, KafkaTimeoutError  # type: ignore[import-untyped]
 
 from schemas.errors import ResourceExhausted, Unavailable
 from store.errors import is_outage
+from streams.health import PartHealth
 
 if TYPE_CHECKING:
     import faust
@@ -33,6 +36,48 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AgentBody = Callable[["StreamT[bytes]"], Awaitable[None]]
+
+# How long one attempt at a message may wait for an answer before /healthz
+# calls its agent stuck: the claim loops' and the sweeper's bound.
+STUCK_AFTER_S = 60.0
+
+
+class AttemptClock:
+    """Since when an agent's attempt in flight has waited, and whether that is stuck.
+
+    An attempt that never answers (a submit behind a lock, a server gone
+    without a word) fails nothing, so nothing retries it, and the partition
+    behind it waits for good; an outage or a full backlog, tried again, is
+    not stuck.
+    """
+
+    def __init__(self, part: str, what: str, *, stuck_after_s: float = STUCK_AFTER_S) -> None:
+        """``part`` names the health entry; ``what`` the attempt, in its summary."""
+        if stuck_after_s <= 0:
+            raise ValueError("stuck_after_s must be positive")
+        self._part = part
+        self._what = what
+        self._stuck_after_s = stuck_after_s
+        self._started_at: float | None = None
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        self._started_at = time.monotonic()
+        try:
+            yield
+        finally:
+            self._started_at = None
+
+    def health(self, detail_key: str) -> PartHealth:
+        since = self._started_at
+        waiting_for = time.monotonic() - since if since is not None else 0.0
+        hung = waiting_for > self._stuck_after_s
+        return PartHealth(
+            self._part,
+            healthy=not hung,
+            summary=f"{self._what} has waited {waiting_for:.0f}s for an answer" if hung else "ok",
+            detail={detail_key: round(waiting_for, 3)},
+        )
 
 
 def worth_waiting_out(exc: BaseException) -> bool:
@@ -100,4 +145,11 @@ def _exit_unless_stopped_within(seconds: float, what: str) -> None:
     timer.start()
 
 
-__all__ = ["EXIT_STOP_HUNG", "STOP_MARGIN_S", "stopping_on_crash", "worth_waiting_out"]
+__all__ = [
+    "EXIT_STOP_HUNG",
+    "STOP_MARGIN_S",
+    "STUCK_AFTER_S",
+    "AttemptClock",
+    "stopping_on_crash",
+    "worth_waiting_out",
+]

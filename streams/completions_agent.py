@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -48,7 +47,7 @@ from schemas.errors import (
     WrongState,
 )
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage
-from streams.agents import stopping_on_crash, worth_waiting_out
+from streams.agents import STUCK_AFTER_S, AttemptClock, stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import storable_json
 from streams.health import PartHealth
@@ -74,9 +73,6 @@ _GATE_TRIES = 3
 # The longest step_name or request_id a StepCompletion may carry (a job id is shorter).
 _ECHO_MAX = 200
 _MESSAGE_MAX = 2000
-# How long one attempt may wait for an answer before /healthz calls the agent
-# stuck: the request agent's bound.
-STUCK_AFTER_S = 60.0
 
 
 class CompletionHandler:
@@ -92,17 +88,11 @@ class CompletionHandler:
     ) -> None:
         """``stuck_after_s``: how long one attempt may wait for an answer before
         ``health()`` calls the agent stuck."""
-        if stuck_after_s <= 0:
-            raise ValueError("stuck_after_s must be positive")
+        self._clock = AttemptClock("completions_agent", "a completion", stuck_after_s=stuck_after_s)
         self._jobs = jobs if jobs is not None else Jobs(runtime)
         self._principal = runtime.settings.request_principal
         self._trust_principal = runtime.settings.trust_request_principal
         self._decoder = decoder
-        self._stuck_after_s = stuck_after_s
-        # Since when the attempt in flight has waited: one that never answers
-        # (a lock, a server gone without a word) fails nothing, so nothing
-        # retries it, and the partition behind it waits for good.
-        self._attempt_started_at: float | None = None
 
     def principal_of(self, completion: StepCompletion) -> str:
         """Whose jobs a completion reaches: the configured principal, or its own
@@ -113,8 +103,7 @@ class CompletionHandler:
 
     async def handle(self, value: bytes | None) -> StepCompletionResult:
         """One attempt; outages propagate so the caller can wait them out."""
-        self._attempt_started_at = time.monotonic()
-        try:
+        with self._clock.attempt():
             # In a worker thread: the writer schema may need the registry (a
             # blocking HTTP call), and converting the response is pure Python whose
             # cost the producer chooses (a third of a second for many values near 1 MB).
@@ -122,8 +111,6 @@ class CompletionHandler:
             if isinstance(decoded, StepCompletionResult):
                 return decoded
             return await self._complete(*decoded)
-        finally:
-            self._attempt_started_at = None
 
     async def internal_error(self, value: bytes | None, error: str) -> StepCompletionResult:
         """The INVALID answer to a completion that kept hitting ``error``, a defect:
@@ -143,16 +130,7 @@ class CompletionHandler:
     def health(self) -> PartHealth:
         """Stuck while one attempt has waited past the bound for the store or registry.
         An outage is retried in place, which is not stuck."""
-        since = self._attempt_started_at
-        waiting_for = time.monotonic() - since if since is not None else 0.0
-        hung = waiting_for > self._stuck_after_s
-        summary = f"a completion has waited {waiting_for:.0f}s for an answer"
-        return PartHealth(
-            "completions_agent",
-            healthy=not hung,
-            summary=summary if hung else "ok",
-            detail={"completion_waiting_s": round(waiting_for, 3)},
-        )
+        return self._clock.health("completion_waiting_s")
 
     def _decode(
         self, value: bytes | None

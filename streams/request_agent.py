@@ -42,11 +42,9 @@ it cannot stall its partition forever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
@@ -56,7 +54,7 @@ from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import InvalidArgument, UnstorableValue
 from schemas.serde import RequestDecoder, UndecodableMessage
-from streams.agents import stopping_on_crash, worth_waiting_out
+from streams.agents import STUCK_AFTER_S, AttemptClock, stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import nul_refusal, storable_json
 from streams.health import PartHealth
@@ -73,11 +71,6 @@ if TYPE_CHECKING:
     from streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
-
-# How long one attempt at a batch may wait for an answer before /healthz calls
-# the agent stuck: the claim loops' and the sweeper's bound.
-STUCK_AFTER_S = 60.0
-
 
 OutcomeKind = Literal["submitted", "existing", "failed", "dead_lettered"]
 
@@ -132,27 +125,13 @@ class RequestHandler:
     ) -> None:
         """``stuck_after_s``: how long one attempt may wait for an answer before
         ``health()`` calls the agent stuck."""
-        if stuck_after_s <= 0:
-            raise ValueError("stuck_after_s must be positive")
+        self._clock = AttemptClock("request_agent", "a request batch", stuck_after_s=stuck_after_s)
         self._jobs = jobs if jobs is not None else Jobs(runtime)
         self._principal = runtime.settings.request_principal
         self._trust_principal = runtime.settings.trust_request_principal
         self._decoder = decoder
         self._dead_letter = dead_letter
         self._topic = topic
-        self._stuck_after_s = stuck_after_s
-        # Since when the attempt in flight has waited: one that never answers
-        # (a lock, a server gone without a word) fails nothing, so nothing
-        # retries it, and the partition behind it waits for good.
-        self._attempt_started_at: float | None = None
-
-    @contextlib.contextmanager
-    def _attempt(self) -> Iterator[None]:
-        self._attempt_started_at = time.monotonic()
-        try:
-            yield
-        finally:
-            self._attempt_started_at = None
 
     async def handle(
         self,
@@ -162,7 +141,7 @@ class RequestHandler:
         position: str = "",
     ) -> Outcome:
         """One attempt; transient failures propagate so the caller can retry."""
-        with self._attempt():
+        with self._clock.attempt():
             # In a worker thread, as a batch is (see handle_batch).
             decoded = await asyncio.to_thread(self._decode, value)
             if isinstance(decoded, str):
@@ -181,7 +160,7 @@ class RequestHandler:
         failures propagate (nothing is acknowledged), and a retry's replay is
         absorbed by the idempotent submit.
         """
-        with self._attempt():
+        with self._clock.attempt():
             return await self._handle_batch(messages)
 
     async def _handle_batch(self, messages: Sequence[Message]) -> list[Outcome]:
@@ -228,16 +207,7 @@ class RequestHandler:
     def health(self) -> PartHealth:
         """Stuck while one attempt has waited past the bound for the store, registry or
         broker. An outage or a full backlog is retried in place, which is not stuck."""
-        since = self._attempt_started_at
-        waiting_for = time.monotonic() - since if since is not None else 0.0
-        hung = waiting_for > self._stuck_after_s
-        summary = f"a request batch has waited {waiting_for:.0f}s for an answer"
-        return PartHealth(
-            "request_agent",
-            healthy=not hung,
-            summary=summary if hung else "ok",
-            detail={"request_waiting_s": round(waiting_for, 3)},
-        )
+        return self._clock.health("request_waiting_s")
 
     def _decode(self, value: bytes | None) -> Decoded | str:
         """The request and its input, or why it goes to the dead-letter topic."""

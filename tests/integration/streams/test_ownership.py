@@ -40,6 +40,29 @@ class Clock:
         return self.now
 
 
+class Watched:
+    """A watchdog of ``topic`` on a clock the test moves, noting its rejoins and stops."""
+
+    def __init__(self, topic: str, describe: Any) -> None:
+        self.clock = Clock()
+        self.rejoins: list[float] = []
+        self.stopped: list[OwnershipLost] = []
+        self.watchdog = OwnershipWatchdog(
+            topic=topic,
+            describe=describe,
+            rejoin=self._rejoin,
+            stop_process=self._stop_process,
+            thresholds=THRESHOLDS,
+            clock=self.clock,
+        )
+
+    async def _rejoin(self) -> None:
+        self.rejoins.append(self.clock.now)
+
+    async def _stop_process(self, reason: OwnershipLost) -> None:
+        self.stopped.append(reason)
+
+
 class Member:
     """A plain consumer of the group, subscribed to ``topics``, polled until assigned."""
 
@@ -152,23 +175,12 @@ async def test_watchdog_rejoins_then_stops_the_process_on_a_real_stable_group(
     # topic, whatever anyone rejoins: the state the incident left behind.
     members(kafka_bootstrap, group, [other]).wait_assigned()
     reader = readers(kafka_bootstrap, group, requests)
-    clock = Clock()
-    rejoins: list[float] = []
-    stopped: list[OwnershipLost] = []
-
-    async def rejoin() -> None:
-        rejoins.append(clock.now)
-
-    async def stop_process(reason: OwnershipLost) -> None:
-        stopped.append(reason)
-
-    watchdog = OwnershipWatchdog(
-        topic=requests,
-        describe=reader.read,
-        rejoin=rejoin,
-        stop_process=stop_process,
-        thresholds=THRESHOLDS,
-        clock=clock,
+    watched = Watched(requests, reader.read)
+    watchdog, clock, rejoins, stopped = (
+        watched.watchdog,
+        watched.clock,
+        watched.rejoins,
+        watched.stopped,
     )
     assert not watchdog.health().ready  # no assignment yet
     watchdog.on_assigned([])
@@ -222,23 +234,12 @@ async def test_watchdog_counts_a_group_nobody_is_left_in_as_unowned(
     member.consumer.close()
     reader = readers(kafka_bootstrap, group, requests)
     assert (await reader.read()).state == "EMPTY"
-    clock = Clock()
-    rejoins: list[float] = []
-    stopped: list[OwnershipLost] = []
-
-    async def rejoin() -> None:
-        rejoins.append(clock.now)
-
-    async def stop_process(reason: OwnershipLost) -> None:
-        stopped.append(reason)
-
-    watchdog = OwnershipWatchdog(
-        topic=requests,
-        describe=reader.read,
-        rejoin=rejoin,
-        stop_process=stop_process,
-        thresholds=THRESHOLDS,
-        clock=clock,
+    watched = Watched(requests, reader.read)
+    watchdog, clock, rejoins, stopped = (
+        watched.watchdog,
+        watched.clock,
+        watched.rejoins,
+        watched.stopped,
     )
     # Before its first assignment a member may simply not have joined yet.
     await watchdog.check()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import os
 import shutil
 import subprocess
@@ -51,7 +52,7 @@ from devstack.postgres import PostgresService
 from devstack.schema_registry import SchemaRegistryService
 from devstack.tansu import TansuService
 from store.databases import dsn_with_database
-from store.migrate import migrate
+from store.migrate import load_migrations, migrate
 from tests.certificates import make_server_certificates
 from tests.forkserver import ForkServer
 
@@ -158,6 +159,42 @@ def _copy_strategy(conn: psycopg.Connection[tuple[object, ...]]) -> sql.Composab
 def migrated_database(make_database: MakeDatabase) -> str:
     """The DSN of a new database with every migration applied."""
     return make_database(migrated=True)
+
+
+MigrationsBefore = Callable[[str], str]
+
+
+@pytest.fixture
+def migrations_before(tmp_path: Path) -> Iterator[MigrationsBefore]:
+    """Factory: ``migrations_before("0011") -> package``, the real files numbered below it.
+
+    An importable package of the migrations unchanged, so ``migrate(dsn,
+    package=...)`` brings a database to the schema an earlier release left.
+    """
+    made: list[str] = []
+    root = tmp_path / "migration-packages"
+
+    def make(first_new: str) -> str:
+        name = f"migrations_before_{first_new}_{uuid.uuid4().hex[:8]}"
+        package = root / name
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        for migration in load_migrations():
+            if migration.name < first_new:
+                (package / migration.name).write_text(migration.sql, encoding="utf-8")
+        made.append(name)
+        # The path finder caches what a directory held when it last looked.
+        importlib.invalidate_caches()
+        return name
+
+    root.mkdir()
+    sys.path.insert(0, str(root))
+    try:
+        yield make
+    finally:
+        sys.path.remove(str(root))
+        for name in made:
+            sys.modules.pop(name, None)
 
 
 # --------------------------------------------------------------------------- brokers

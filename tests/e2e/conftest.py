@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -14,7 +15,9 @@ from tests.forkserver import ForkServer
 # The requests and events topics have this many partitions; the DLQ has one.
 PARTITIONS = 3
 
-MakeStack = Callable[[], Awaitable[Stack]]
+
+class MakeStack(Protocol):
+    def __call__(self, *, dsn: str | None = None) -> Awaitable[Stack]: ...
 
 
 @pytest.fixture
@@ -25,11 +28,15 @@ async def make_stack(
     tmp_path: Path,
     fork_server: ForkServer,
 ) -> AsyncIterator[MakeStack]:
-    """Factory: a new stack per call (its own database and topics); all stopped at teardown."""
+    """Factory: a new stack per call (its own database and topics); all stopped at teardown.
+
+    ``make(dsn=...)`` runs the stack on a database the test prepared instead
+    of a new migrated one.
+    """
     made: list[Stack] = []
 
-    async def make() -> Stack:
-        dsn = make_database(migrated=True)
+    async def make(*, dsn: str | None = None) -> Stack:
+        dsn = dsn or make_database(migrated=True)
         topics = stack_topics(new_topic, kafka_bootstrap, partitions=PARTITIONS)
         pool = await open_pool(dsn, min_size=1, max_size=4)
         tmp = tmp_path / f"stack-{len(made)}" if made else tmp_path

@@ -7,39 +7,19 @@ reads back the definition it was submitted with.
 
 from __future__ import annotations
 
-import sys
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.types.json import Jsonb
 
-from store.migrate import load_migrations, migrate
+from store.migrate import migrate
 from store.pool import open_pool
 from store.runs import RunStore
+from tests.conftest import MigrationsBefore
 
 FIRST_NEW = "0008"
-
-
-@pytest.fixture
-def before_0008(tmp_path: Path) -> Iterator[str]:
-    """An importable package holding the real migrations before 0008, unchanged."""
-    name = f"migrations_before_0008_{tmp_path.name.replace('-', '_')}"
-    package = tmp_path / name
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for migration in load_migrations():
-        if migration.name < FIRST_NEW:
-            (package / migration.name).write_text(migration.sql, encoding="utf-8")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        yield name
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop(name, None)
 
 
 def definition(name: str, **extra: Any) -> dict[str, Any]:
@@ -54,9 +34,10 @@ VALUES (%s, %s, %s, %s, '{}', %s, 3)
 
 
 async def test_existing_rows_stay_readable_after_0008(
-    make_database: Callable[[], str], before_0008: str
+    make_database: Callable[[], str], migrations_before: MigrationsBefore
 ) -> None:
     dsn = make_database()
+    before_0008 = migrations_before(FIRST_NEW)
     applied = await migrate(dsn, package=before_0008)
     assert applied and all(name < FIRST_NEW for name in applied)
 

@@ -744,9 +744,15 @@ class Jobs:
     ) -> StoredDefinition:
         """Store ``workflow`` as ``name``; see ``DefinitionStore.put`` for the conditions."""
         validate_workflow_name(name)
-        if workflow.get("name") != name:
+        if "name" not in workflow:
             raise InvalidArgument(
-                f"the definition is named {workflow.get('name')!r} but the path names {name!r}"
+                f"workflow.name is missing; the definition must be named {name!r}, as the path is"
+            )
+        if not isinstance(workflow["name"], str):
+            raise InvalidArgument(f"workflow.name must be a string, got {workflow['name']!r}")
+        if workflow["name"] != name:
+            raise InvalidArgument(
+                f"the definition is named {workflow['name']!r} but the path names {name!r}"
             )
         with outages_as_unavailable():
             definitions = self._runtime.require_definitions()

@@ -203,6 +203,28 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
         assert "PutWorkflowRequest" in message
 
 
+async def test_a_stored_definition_without_a_name_is_refused_naming_the_field(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        for workflow in ({}, {k: v for k, v in WORKFLOW.items() if k != "name"}):
+            message = await _error(
+                await client.put("/v1/workflows/web-review", json={"workflow": workflow}),
+                400,
+                "INVALID_ARGUMENT",
+            )
+            assert message == (
+                "workflow.name is missing; the definition must be named 'web-review', "
+                "as the path is"
+            )
+        numbered = {"workflow": {**WORKFLOW, "name": 5}}
+        message = await _error(
+            await client.put("/v1/workflows/web-review", json=numbered),
+            400,
+            "INVALID_ARGUMENT",
+        )
+        assert message == "workflow.name must be a string, got 5"
+        assert (await client.get("/v1/workflows/web-review")).status == 404
+
+
 async def test_a_query_parameter_a_verb_does_not_take_is_refused_and_changes_nothing(
     dsn: str,
 ) -> None:

@@ -230,10 +230,32 @@ def message_json(message: Message) -> dict[str, Any]:
     return result
 
 
+# The answers that list things. proto3 JSON leaves a field at its default out,
+# so an empty page would read ``{}``: a caller reading ``body["jobs"]`` would
+# fail on exactly the answer that has none. Their own fields are always sent.
+LISTINGS: tuple[type[Message], ...] = (
+    api_pb2.ListJobsResponse,
+    api_pb2.ListWorkflowsResponse,
+    api_pb2.CancelJobsResponse,
+    api_pb2.ResumeJobsResponse,
+)
+
+
+def listing_json(message: Message) -> dict[str, Any]:
+    """``message_json`` of a ``LISTINGS`` answer, an empty list as ``[]``, no token as ``""``."""
+    assert isinstance(message, LISTINGS), type(message)
+    defaults: dict[str, Any] = json_format.MessageToDict(
+        type(message)(), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return {**defaults, **message_json(message)}
+
+
 __all__ = [
+    "LISTINGS",
     "attempt_message",
     "job_message",
     "job_summary_message",
+    "listing_json",
     "message_json",
     "nul_field",
     "nul_refusal",

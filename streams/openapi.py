@@ -17,6 +17,7 @@ from faust.web import Request, Response, View
 from google.protobuf.descriptor import FieldDescriptor
 
 from schemas.contract import api_pb2
+from streams.convert import LISTINGS
 from streams.http_errors import JSON_MEDIA_TYPE
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ _AUTH_ERRORS = ("401", "403")
 _BODY_ERRORS = ("400", "413", "415")
 
 
+_LISTED = frozenset(listing.DESCRIPTOR.full_name for listing in LISTINGS)
+
+
 # Descriptors are typed Any: the generated modules hand out upb's descriptor
 # classes, which the stubs type apart from ``google.protobuf.descriptor``'s.
 Descriptor = Any
@@ -93,12 +97,16 @@ class _Schemas:
 
     def _message(self, descriptor: Descriptor) -> dict[str, Any]:
         properties = {field.name: self._field(field) for field in descriptor.fields}
-        return {
+        schema: dict[str, Any] = {
             "type": "object",
             "properties": properties,
             # Unknown fields are refused (``schemas.contract.from_json``).
             "additionalProperties": False,
         }
+        if descriptor.full_name in _LISTED:
+            # Sent even when empty (``streams.convert.listing_json``).
+            schema["required"] = list(properties)
+        return schema
 
     def _field(self, field: Descriptor) -> dict[str, Any]:
         if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
@@ -281,6 +289,7 @@ _OUTBOX_PAGE: Mapping[str, Any] = {
         },
         "next_page_token": {"type": "string"},
     },
+    "required": ["events", "next_page_token"],
 }
 _OUTBOX_REDRIVE: Mapping[str, Any] = {
     "oneOf": [
@@ -354,6 +363,7 @@ _DLQ_LISTING: Mapping[str, Any] = {
         "total": {"type": "integer"},
         "messages": {"type": "array", "items": _DLQ_MESSAGE},
     },
+    "required": ["topic", "total", "messages"],
 }
 _DLQ_REDRIVE: Mapping[str, Any] = {
     "oneOf": [

@@ -123,6 +123,7 @@ from streams.auth import Authenticator, Caller
 from streams.convert import (
     job_message,
     job_summary_message,
+    listing_json,
     message_json,
     stored_workflow_message,
     struct_to_dict,
@@ -339,7 +340,9 @@ def _put_workflow_now(body: bytes) -> dict[str, Any]:
     return struct_to_dict(request.workflow, "workflow")
 
 
-async def _answer_off_loop(build: Callable[[], Message]) -> dict[str, Any]:
+async def _answer_off_loop(
+    build: Callable[[], Message], render: Callable[[Message], dict[str, Any]] = message_json
+) -> dict[str, Any]:
     """The JSON of the answer ``build`` makes, one carrying a whole job or stored
     definition: off the event loop.
 
@@ -347,7 +350,7 @@ async def _answer_off_loop(build: Callable[[], Message]) -> dict[str, Any]:
     small values; making them a message and the message JSON takes about half
     a second a megabyte.
     """
-    return await asyncio.to_thread(lambda: message_json(build()))
+    return await asyncio.to_thread(lambda: render(build()))
 
 
 class HttpVerbs:
@@ -487,7 +490,7 @@ class HttpVerbs:
             jobs=[job_summary_message(job) for job in page.jobs],
             next_page_token=page.next_page_token,
         )
-        return Reply(200, message_json(response))
+        return Reply(200, listing_json(response))
 
     async def complete_step(
         self, caller: Caller, job_id: str, step_name: str, body: bytes
@@ -548,7 +551,7 @@ class HttpVerbs:
             cancelled=[str(job_id) for job_id in done.cancelled],
             cancel_requested=[str(job_id) for job_id in done.cancel_requested],
         )
-        return Reply(200, message_json(response))
+        return Reply(200, listing_json(response))
 
     # ------------------------------------------------------------------ resume
 
@@ -604,7 +607,7 @@ class HttpVerbs:
                 for refusal in done.refused
             ],
         )
-        return Reply(200, message_json(response))
+        return Reply(200, listing_json(response))
 
     # ------------------------------------------------------------------ stored workflows
 
@@ -644,7 +647,8 @@ class HttpVerbs:
         answer = await _answer_off_loop(
             lambda: api_pb2.ListWorkflowsResponse(
                 workflows=[stored_workflow_message(item) for item in stored]
-            )
+            ),
+            listing_json,
         )
         return Reply(200, answer)
 

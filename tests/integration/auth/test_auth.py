@@ -122,7 +122,8 @@ async def test_an_inline_definition_needs_its_own_scope(dsn: str) -> None:
         refused = await client.post("/v1/workflow-runs", json=inline, headers=submitter)
         assert repr(auth.DEFINE_INLINE) in await _error(refused, 403, "PERMISSION_DENIED")
         listed = await client.get("/v1/workflow-runs", headers=submitter)
-        assert await listed.json() == {}, "a refused submit left a job behind"
+        # A refused submit left no job behind.
+        assert await listed.json() == {"jobs": [], "next_page_token": ""}
         definer = await bearer(dsn, "definer", [auth.SUBMIT, auth.DEFINE_INLINE])
         accepted = await client.post("/v1/workflow-runs", json=inline, headers=definer)
         assert accepted.status == 201, await accepted.text()
@@ -150,7 +151,7 @@ async def test_another_owners_job_is_not_found_by_any_verb(dsn: str) -> None:
         message = await _error(await as_bob("GET", f"/v1/workflow-runs/{job_id}"), 404, "NOT_FOUND")
         assert message == f"job {job_id} not found"
         listed = await (await as_bob("GET", "/v1/workflow-runs")).json()
-        assert listed == {}
+        assert listed == {"jobs": [], "next_page_token": ""}
         complete = f"/v1/workflow-runs/{job_id}/steps/review:complete"
         await _error(
             await as_bob("POST", complete, json={"response": {"approved": True}}), 404, "NOT_FOUND"

@@ -329,7 +329,7 @@ async def test_cancel_needs_its_scope_and_reaches_only_the_callers_own_jobs(dsn:
         )
         assert (await bulk.json())["cancelled"] == [ada_job]
         bulk = await client.post("/v1/workflow-runs:cancel", json={"owner": "bob"}, headers=ada)
-        assert await bulk.json() == {}
+        assert await bulk.json() == {"cancelled": [], "cancel_requested": []}
         got = await client.get(f"/v1/workflow-runs/{bob_job}", headers=bob)
         assert (await got.json())["job"]["status"] == "QUEUED"
 
@@ -373,7 +373,7 @@ async def test_bulk_cancel_takes_every_live_job_the_filter_names(dsn: str) -> No
             assert found[-1][1].reason == "drain"
         # Nothing left to cancel by that filter: a running job asked once is not asked again.
         bulk = await client.post("/v1/workflow-runs:cancel", json={"workflow_name": "web-review"})
-        assert await bulk.json() == {}
+        assert await bulk.json() == {"cancelled": [], "cancel_requested": []}
         assert await control.settle_cancelled(claimed.lease)
 
         # The store refuses a filter with no condition.
@@ -472,7 +472,7 @@ async def test_wfjobs_cancel_one_job_and_by_filter(
 
         code, out, _ = await wfjobs("--json", "cancel", "--workflow", "web-review")
         assert code == 0
-        assert json.loads(out) == {"cancelled": [second, third]}
+        assert json.loads(out) == {"cancelled": [second, third], "cancel_requested": []}
 
         code, _, err = await wfjobs("cancel")
         assert code == 1 and "name a job id, or --status" in err

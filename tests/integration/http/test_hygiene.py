@@ -427,6 +427,11 @@ def _mismatches(
         return [f"{at}: {value!r} is none of {schema['enum']}"]
     found: list[str] = []
     if isinstance(value, dict):
+        found += [
+            f"{at}: required {key!r} is missing"
+            for key in schema.get("required", ())
+            if key not in value
+        ]
         properties = schema.get("properties")
         values = schema.get("additionalProperties")
         for key, item in value.items():
@@ -483,6 +488,35 @@ async def test_every_answer_has_the_shape_the_openapi_document_gives_it(
         assert "content" in documented, (operation_id, status, answer)
         schema = documented["content"]["application/json"]["schema"]
         problems += _mismatches(document, schema, answer, operation_id)
+    assert problems == []
+
+
+async def test_an_answer_that_lists_nothing_still_carries_its_lists(live_api: LiveApi) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    operations = {
+        operation["operationId"]: operation
+        for item in document["paths"].values()
+        for operation in item.values()
+    }
+    calls: list[tuple[str, str, Any, str, dict[str, Any]]] = [
+        ("GET", "/v1/workflow-runs", None, "listJobs", {"jobs": [], "next_page_token": ""}),
+        ("GET", "/v1/workflows", None, "listWorkflows", {"workflows": []}),
+        (
+            "POST",
+            "/v1/workflow-runs:cancel",
+            {"status": "QUEUED"},
+            "cancelJobs",
+            {"cancelled": [], "cancel_requested": []},
+        ),
+        ("POST", "/v1/workflow-runs:resume", {}, "resumeJobs", {"resumed": [], "refused": []}),
+        ("GET", "/v1/outbox", None, "listFailedEvents", {"events": [], "next_page_token": ""}),
+    ]
+    problems: list[str] = []
+    for method, path, body, operation_id, expected in calls:
+        status, _, answer = await _call(live_api, method, path, body=body)
+        assert (status, answer) == (200, expected), operation_id
+        schema = operations[operation_id]["responses"]["200"]["content"]["application/json"]
+        problems += _mismatches(document, schema["schema"], answer, operation_id)
     assert problems == []
 
 

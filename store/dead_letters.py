@@ -114,8 +114,9 @@ def parse_page_token(token: str) -> int:
     """A page token of the FAILED listing is the last row id of the previous page."""
     if not token:
         return 0
-    # str.isdigit also takes digits int() cannot read, such as superscripts.
-    if not (token.isascii() and token.isdigit()):
+    # str.isdigit also takes digits int() cannot read, such as superscripts; a
+    # row id is a bigint, which Postgres would refuse to compare past its range.
+    if not (token.isascii() and token.isdigit()) or len(token) > 19 or int(token) > MAX_ROW_ID:
         raise InvalidArgument(
             f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
         )

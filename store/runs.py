@@ -179,7 +179,10 @@ def encode_page_token(created_at: datetime, job_id: UUID) -> str:
 
 def decode_page_token(token: str) -> tuple[datetime, UUID]:
     try:
-        created_text, job_text = base64.urlsafe_b64decode(token.encode("ascii")).decode().split("|")
+        # Strictly: the lenient decoder skips what is not base64, so a token
+        # with a space or a character added would be taken as the one it was.
+        raw = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
+        created_text, job_text = raw.decode().split("|")
         created_at = datetime.fromisoformat(created_text)
         if created_at.tzinfo is None:
             raise ValueError("naive timestamp")

@@ -664,7 +664,7 @@ class HttpVerbs:
         page = await self.jobs.failed_events(
             job_id=parse_job_id(job_id) if job_id else None,
             limit=_int_parameter(query, "limit", 0),
-            page_token=query.get("page_token", "").strip(),
+            page_token=query.get("page_token", ""),
             owner=caller.visible_owner,
         )
         events = [

@@ -225,6 +225,19 @@ async def test_a_stored_definition_without_a_name_is_refused_naming_the_field(ds
         assert (await client.get("/v1/workflows/web-review")).status == 404
 
 
+async def test_both_paged_listings_refuse_a_page_token_they_never_gave(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        for path in ("/v1/workflow-runs", "/v1/outbox"):
+            for token in (" 1", "1 ", "9" * 20):
+                message = await _error(
+                    await client.get(path, params={"page_token": token}), 400, "INVALID_ARGUMENT"
+                )
+                assert message == (
+                    f"page_token {token!r} is malformed; "
+                    "pass the next_page_token of a previous answer"
+                ), path
+
+
 async def test_a_query_parameter_a_verb_does_not_take_is_refused_and_changes_nothing(
     dsn: str,
 ) -> None:

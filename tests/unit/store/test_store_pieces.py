@@ -12,6 +12,7 @@ import pytest
 from schemas.contract import api_pb2
 from schemas.errors import InvalidArgument
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
+from store.dead_letters import parse_page_token
 from store.definitions import validate_workflow_name
 from store.migrate import load_migrations
 from store.pool import (
@@ -38,6 +39,27 @@ def test_a_page_token_round_trips() -> None:
 def test_a_malformed_page_token_is_refused(token: str) -> None:
     with pytest.raises(InvalidArgument, match="previous answer"):
         decode_page_token(token)
+
+
+def test_a_page_token_with_anything_added_is_refused() -> None:
+    token = encode_page_token(datetime(2026, 3, 1, tzinfo=UTC), uuid.uuid4())
+    for changed in (token + " ", " " + token, token + "!", token[:4] + "\n" + token[4:]):
+        with pytest.raises(InvalidArgument, match="previous answer"):
+            decode_page_token(changed)
+
+
+@pytest.mark.parametrize("token", [" 5", "5 ", "+5", "0x5", "9" * 20, str(2**63)])
+def test_an_outbox_page_token_the_listing_never_gives_is_refused(token: str) -> None:
+    with pytest.raises(InvalidArgument, match="previous answer"):
+        parse_page_token(token)
+
+
+def test_an_outbox_page_token_is_the_last_row_id() -> None:
+    assert (parse_page_token(""), parse_page_token("7"), parse_page_token(str(2**63 - 1))) == (
+        0,
+        7,
+        2**63 - 1,
+    )
 
 
 def test_migration_files_are_numbered_in_order_and_shipped() -> None:

@@ -10,9 +10,11 @@ fits what the producer may send):
 
 * COMPLETED, ALREADY_DONE, REJECTED: the gate's own answers (REJECTED: the
   response broke the step's rules and the job FAILED with that verdict);
-* WRONG_STATE: the job is not parked on that step, or the step's fallback
-  was taken when its timeout passed and this response was not used;
-* NOT_FOUND: no such job, or not one the completion's principal may reach;
+* WRONG_STATE: the job is not parked on that step (a worker's step never
+  is), or the step's fallback was taken when its timeout passed and this
+  response was not used;
+* NOT_FOUND: no such job, or not one the completion's principal may reach,
+  or no such step in the job's workflow;
 * INVALID: the value is not a StepCompletion, breaks its rules, or names a
   response that does not fit the step. The agent answers and moves on. Also
   the answer to a completion that kept hitting an error of this process (a

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         RequestsDeadLetters,
     )
     from streams.runtime import Runtime
-    from workflows.steps import CompiledWorkflow
+    from workflows.steps import CompiledWorkflow, Step
 
 log = logging.getLogger(__name__)
 
@@ -452,8 +452,9 @@ class Jobs:
         """Answer the external step a job is parked on.
 
         COMPLETED, ALREADY_DONE and REJECTED (the job FAILED with that verdict)
-        are answers; a job that is not WAITING on ``step_name``, or a step whose
-        fallback was taken in place of this response, raises ``WrongState``.
+        are answers; a job that is not WAITING on ``step_name`` (a worker's step
+        never is), or a step whose fallback was taken in place of this response,
+        raises ``WrongState``; a step the job's workflow lacks, ``NotFound``.
         """
         with outages_as_unavailable():
             runs = self._runtime.require_runs()
@@ -463,10 +464,18 @@ class Jobs:
             # again under the row lock before it calls the verifier. Nor does
             # its owner, ever.
             job = _visible(await runs.get(job_id), owner)
-            parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
-            if parked_here and job.definition is not None:
+            workflow = None
+            if job.definition is not None:
                 # Compiled here, off the loop, so the judge under the row lock finds it cached.
-                await self._runtime.compile_snapshot(job.definition, job.definition_hash)
+                workflow = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
+                # A worker's step is never parked on: its checkpoint is not this
+                # caller's answer, which ALREADY_DONE would say it was.
+                if not _named_step(workflow, job_id, step_name).external:
+                    raise WrongState(
+                        f"step {step_name!r} of job {job_id} is not an external step: "
+                        "a worker answers it, not a person"
+                    )
+            parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
             result = await runs.complete_step(
                 job_id=job_id,
                 step_name=step_name,
@@ -475,15 +484,13 @@ class Jobs:
             )
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)
-        if result.outcome == "ALREADY_DONE" and job.definition is not None:
+        if result.outcome == "ALREADY_DONE" and workflow is not None:
             # A fallback the sweeper took is the step's answer too, but not
             # this caller's: told ALREADY_DONE, a reviewer would think theirs counted.
             recorded = next(
                 (e.get("response") for e in result.job.checkpoints if e.get("name") == step_name),
                 None,
             )
-            # Not parked when read, so not compiled above: off the loop here too.
-            workflow = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
             if workflow.lost_to_fallback(step_name, recorded, response):
                 raise WrongState(
                     f"step {step_name!r} of job {job_id} was not completed before its timeout: "
@@ -507,7 +514,7 @@ class Jobs:
                 "its steps from"
             )
         compiled = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
-        step = compiled.step(step_name)
+        step = _named_step(compiled, job_id, step_name)
         if not step.external:
             raise InvalidArgument(
                 f"step {step_name!r} is not an external step: a worker answers it, not a person"
@@ -897,6 +904,17 @@ def _resumed_before(resumed: Resumed, original_id: uuid.UUID, owner: str | None)
     if resumed.created or owner is None or resumed.job.owner == owner:
         return resumed
     raise already_resumed(original_id, resumed.job.job_id)
+
+
+def _named_step(workflow: CompiledWorkflow, job_id: uuid.UUID, step_name: str) -> Step:
+    """The step a completion or a form names; one the job's workflow lacks is
+    no resource to answer, so ``NotFound``."""
+    try:
+        return workflow.step(step_name)
+    except InvalidArgument:
+        raise NotFound(
+            f"job {job_id}: workflow {workflow.name!r} has no step {step_name!r}"
+        ) from None
 
 
 def _visible(job: Job, owner: str | None) -> Job:

@@ -99,12 +99,16 @@ async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
     assert (await app[1].require_runs().get(job_id)).status == "WAITING"
 
     wrong_step = await handler.handle(completion(job_id, step="nope"))
-    assert wrong_step.outcome == Outcome.WRONG_STATE and "not WAITING on step 'nope'" in (
-        wrong_step.message
+    assert (wrong_step.outcome, wrong_step.message) == (
+        Outcome.NOT_FOUND,
+        f"job {job_id}: workflow 'web-review' has no step 'nope'",
     )
 
-    done_step = await handler.handle(completion(job_id, step="embed"))
-    assert done_step.outcome == Outcome.ALREADY_DONE
+    # A worker's step, checkpointed already: not this completion's to answer.
+    worker_step = await handler.handle(completion(job_id, step="embed"))
+    assert worker_step.outcome == Outcome.WRONG_STATE and "not an external step" in (
+        worker_step.message
+    )
 
     misfit = await handler.handle(completion(job_id, approved="perhaps"))
     assert misfit.outcome == Outcome.INVALID and "approved" in misfit.message

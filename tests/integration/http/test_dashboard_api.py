@@ -75,7 +75,7 @@ async def test_the_form_of_a_parked_step_lists_its_response_fields(live_api: Liv
     status, refused = await _get(live_api, f"/v1/workflow-runs/{job_id}/steps/tokenize:form")
     assert status == 400 and "not an external step" in refused["message"]
     status, refused = await _get(live_api, f"/v1/workflow-runs/{job_id}/steps/nope:form")
-    assert status == 400 and "nope" in refused["message"]
+    assert status == 404 and "has no step 'nope'" in refused["message"]
     status, _ = await _get(live_api, f"/v1/workflow-runs/{uuid.uuid4()}/steps/review:form")
     assert status == 404
 

@@ -495,11 +495,29 @@ async def test_complete_step_outcomes(dsn: str) -> None:
         )
         assert "differs" in message
 
+        # A step the workflow does not have is no resource; one a worker
+        # answers exists but can never be completed, even once it is done.
         wrong = f"/v1/workflow-runs/{job_id}/steps/publish:complete"
         message = await _error(
-            await client.post(wrong, json={"response": {"approved": True}}), 409, "WRONG_STATE"
+            await client.post(wrong, json={"response": {"approved": True}}), 404, "NOT_FOUND"
         )
-        assert "WAITING on step 'review'" in message
+        assert message == f"job {job_id}: workflow 'web-review' has no step 'publish'"
+        for worker_step in ("tokenize", "embed"):
+            message = await _error(
+                await client.post(
+                    f"/v1/workflow-runs/{job_id}/steps/{worker_step}:complete",
+                    json={"response": {}},
+                ),
+                409,
+                "WRONG_STATE",
+            )
+            assert message == (
+                f"step {worker_step!r} of job {job_id} is not an external step: "
+                "a worker answers it, not a person"
+            )
+        form = await client.get(f"/v1/workflow-runs/{job_id}/steps/publish:form")
+        message = await _error(form, 404, "NOT_FOUND")
+        assert message == f"job {job_id}: workflow 'web-review' has no step 'publish'"
 
         done = await client.post(path, json={"response": {"approved": True, "reviewer": "ada"}})
         assert done.status == 200, await done.text()

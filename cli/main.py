@@ -88,8 +88,13 @@ def cmd_workflows_get(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_workflows_list(args: argparse.Namespace, out: Output) -> int:
-    answer = ApiClient(args.url).call("GET", "/v1/workflows")
-    return _show(out, answer, lambda answer: render_workflows(out, answer.get("workflows", [])))
+    query = {"limit": args.limit or None, "page_token": args.page_token}
+    answer = ApiClient(args.url).call("GET", "/v1/workflows", query=query)
+
+    def render(answer: dict[str, Any]) -> None:
+        render_workflows(out, answer.get("workflows", []), str(answer.get("next_page_token", "")))
+
+    return _show(out, answer, render)
 
 
 def cmd_submit(args: argparse.Namespace, out: Output) -> int:
@@ -607,9 +612,10 @@ def build_parser() -> argparse.ArgumentParser:
     get_workflow = verbs.add_parser("get", parents=[common], help="show a stored definition")
     get_workflow.add_argument("name")
     get_workflow.set_defaults(handler=cmd_workflows_get)
-    verbs.add_parser("list", parents=[common], help="list stored definitions").set_defaults(
-        handler=cmd_workflows_list
-    )
+    listed = verbs.add_parser("list", parents=[common], help="list stored definitions")
+    listed.add_argument("--limit", type=int, default=0, help="page size (0: 50, at most 500)")
+    listed.add_argument("--page-token", help="the next_page_token of a previous page")
+    listed.set_defaults(handler=cmd_workflows_list)
 
     submit = add("submit", cmd_submit, "submit a job")
     source = submit.add_mutually_exclusive_group(required=True)

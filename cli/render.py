@@ -194,7 +194,9 @@ def render_jobs(out: Output, jobs: Sequence[Mapping[str, Any]], next_page_token:
         out.print(f"next page: --page-token {escape(next_page_token)}")
 
 
-def render_workflows(out: Output, workflows: Sequence[Mapping[str, Any]]) -> None:
+def render_workflows(
+    out: Output, workflows: Sequence[Mapping[str, Any]], next_page_token: str
+) -> None:
     table = Table()
     for column in ("name", "steps", "input type", "updated"):
         table.add_column(column)
@@ -208,6 +210,8 @@ def render_workflows(out: Output, workflows: Sequence[Mapping[str, Any]]) -> Non
             escape(str(stored.get("updated_at", ""))),
         )
     out.console.print(table)
+    if next_page_token:
+        out.print(f"next page: --page-token {escape(next_page_token)}")
 
 
 def render_workflow(out: Output, stored: Mapping[str, Any]) -> None:

@@ -8,6 +8,8 @@ is stored.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,8 +46,14 @@ GET_DEFINITION_SQL = f"""
 SELECT {_COLUMNS} FROM workflow_definition WHERE name = %(name)s
 """
 LIST_DEFINITIONS_SQL = f"""
-SELECT {_COLUMNS} FROM workflow_definition ORDER BY name
+SELECT {_COLUMNS} FROM workflow_definition
+ WHERE name > %(after)s
+ ORDER BY name
+ LIMIT %(limit)s
 """
+
+DEFAULT_LIST_LIMIT = 50
+MAX_LIST_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,28 @@ class StoredDefinition:
     updated_at: datetime
     # 1 when first stored, one more with every write.
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionPage:
+    definitions: tuple[StoredDefinition, ...]
+    # Empty when there is no further page.
+    next_page_token: str
+
+
+def encode_page_token(last_name: str) -> str:
+    return base64.urlsafe_b64encode(last_name.encode()).decode("ascii")
+
+
+def decode_page_token(token: str) -> str:
+    """The name a page of the listing ended at; the next page starts after it."""
+    try:
+        name = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode()
+        return validate_workflow_name(name)
+    except (ValueError, UnicodeError, binascii.Error, InvalidArgument):
+        raise InvalidArgument(
+            f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
+        ) from None
 
 
 def validate_workflow_name(name: str) -> str:
@@ -116,9 +146,20 @@ class DefinitionStore:
             raise NotFound(f"no stored workflow named {name!r}")
         return StoredDefinition(*row)
 
-    async def list(self) -> list[StoredDefinition]:
-        """Every stored definition, by name."""
+    async def list(self, *, limit: int = 0, page_token: str = "") -> DefinitionPage:
+        """Stored definitions by name; ``limit`` 0 means 50, above 500 is clamped.
+
+        A definition may be as large as a request body: unpaged, a listing of
+        them all would be as large as all of them together.
+        """
+        if limit < 0:
+            raise InvalidArgument(f"limit must not be negative, got {limit}")
+        limit = DEFAULT_LIST_LIMIT if limit == 0 else min(limit, MAX_LIST_LIMIT)
+        # Every name sorts after the empty string.
+        after = decode_page_token(page_token) if page_token else ""
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(LIST_DEFINITIONS_SQL)
+            cursor = await conn.execute(LIST_DEFINITIONS_SQL, {"after": after, "limit": limit + 1})
             rows = await cursor.fetchall()
-        return [StoredDefinition(*row) for row in rows]
+        definitions = tuple(StoredDefinition(*row) for row in rows[:limit])
+        token = encode_page_token(definitions[-1].name) if len(rows) > limit else ""
+        return DefinitionPage(definitions, token)

@@ -50,7 +50,7 @@ from store.control import (
     not_resumable,
     resume_job_id,
 )
-from store.definitions import StoredDefinition, validate_workflow_name
+from store.definitions import DefinitionPage, StoredDefinition, validate_workflow_name
 from store.errors import outages_as_unavailable
 from store.states import Status
 from streams import logs
@@ -774,9 +774,14 @@ class Jobs:
         with outages_as_unavailable():
             return await self._runtime.require_definitions().get(name)
 
-    async def list_workflows(self) -> list[StoredDefinition]:
+    async def list_workflows(self, *, limit: int = 0, page_token: str = "") -> DefinitionPage:
+        """By name; ``limit`` 0 means 50, above 500 is clamped to 500."""
+        if limit < 0:
+            raise InvalidArgument(f"limit must not be negative, got {limit}")
         with outages_as_unavailable():
-            return await self._runtime.require_definitions().list()
+            return await self._runtime.require_definitions().list(
+                limit=limit, page_token=page_token
+            )
 
     # ------------------------------------------------------------------ dead letters
 

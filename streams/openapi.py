@@ -602,9 +602,13 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
         "/v1/workflows": {
             "get": _operation(
                 "listWorkflows",
-                "List stored workflow definitions",
-                {"200": _answer(message("ListWorkflowsResponse"), "every stored definition")},
+                "List stored workflow definitions, by name",
+                {"200": _answer(message("ListWorkflowsResponse"), "a page of definitions")},
                 errors=("400", "503"),
+                parameters=[
+                    _query("limit", _LIMIT, "definitions per page: 0 means 50, at most 500"),
+                    _query("page_token", {"type": "string"}, "next_page_token of a page"),
+                ],
                 scope="read",
             ),
         },

@@ -37,7 +37,7 @@ POST     /v1/workflow-runs:cancel                            CancelJobsRequest (
 PUT      /v1/workflows/{name}                                PutWorkflowRequest ->
                                                              PutWorkflowResponse
 GET      /v1/workflows/{name}                                GetWorkflowResponse
-GET      /v1/workflows                                       ListWorkflowsResponse
+GET      /v1/workflows?limit=&page_token=                    ListWorkflowsResponse
 GET      /v1/fleet                                           jobs by status, the backlog,
                                                              the workers and the outbox
 GET      /v1/outbox?status=FAILED&job_id=&limit=         FAILED outbox rows, oldest first
@@ -166,6 +166,7 @@ HTTP_STATUS: Mapping[str, int] = {
 }
 
 LIST_JOBS_PARAMETERS = ("status", "workflow_name", "limit", "page_token")
+LIST_WORKFLOWS_PARAMETERS = ("limit", "page_token")
 LIST_OUTBOX_PARAMETERS = ("status", "job_id", "limit", "page_token")
 LIST_REQUESTS_DLQ_PARAMETERS = ("max",)
 WATCH_JOB_PARAMETERS = ("after",)
@@ -639,14 +640,14 @@ class HttpVerbs:
         return Reply(200, answer, _etag(stored.version))
 
     async def list_workflows(self, query: Mapping[str, str]) -> Reply:
-        if query:
-            raise InvalidArgument(
-                f"list-workflows takes no query parameters, got {', '.join(sorted(query))}"
-            )
-        stored = await self.jobs.list_workflows()
+        _only_parameters(query, LIST_WORKFLOWS_PARAMETERS, "list-workflows")
+        page = await self.jobs.list_workflows(
+            limit=_int_parameter(query, "limit", 0), page_token=query.get("page_token", "")
+        )
         answer = await _answer_off_loop(
             lambda: api_pb2.ListWorkflowsResponse(
-                workflows=[stored_workflow_message(item) for item in stored]
+                workflows=[stored_workflow_message(item) for item in page.definitions],
+                next_page_token=page.next_page_token,
             ),
             listing_json,
         )

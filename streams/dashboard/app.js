@@ -384,13 +384,24 @@ async function jobsPage(params) {
   }
 }
 
+// Every stored workflow's name: the listing comes a page at a time.
+async function workflowNames() {
+  const names = [];
+  const query = new URLSearchParams({ limit: "500" });
+  for (;;) {
+    const answer = await api("GET", `/v1/workflows?${query}`);
+    names.push(...(answer.workflows || []).map((w) => w.name));
+    if (!answer.next_page_token) return names;
+    query.set("page_token", answer.next_page_token);
+  }
+}
+
 function submitPanel() {
   const select = h("select", { name: "workflow", id: "submit-workflow", required: true });
   const input = h("textarea", { name: "input", id: "submit-input", rows: 3 }, '{"text": "hello"}');
   const result = h("span", { class: "muted" });
-  api("GET", "/v1/workflows")
-    .then((answer) => {
-      const names = (answer.workflows || []).map((w) => w.name);
+  workflowNames()
+    .then((names) => {
       select.replaceChildren(...names.map((name) => h("option", { value: name }, name)));
     })
     .catch((error) => {

@@ -25,6 +25,7 @@ from streams.web import (
     LIST_JOBS_PARAMETERS,
     LIST_OUTBOX_PARAMETERS,
     LIST_REQUESTS_DLQ_PARAMETERS,
+    LIST_WORKFLOWS_PARAMETERS,
     WATCH_JOB_PARAMETERS,
 )
 from tests.integration.http.conftest import LiveApi, parked_job
@@ -247,7 +248,7 @@ async def test_json_nesting_is_capped_before_parsing(live_api: LiveApi) -> None:
 async def test_a_bug_answers_500_with_a_request_id_and_logs_the_traceback(
     live_api: LiveApi, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(self: Jobs) -> Any:
+    async def broken(self: Jobs, **_: Any) -> Any:
         raise RuntimeError("secret internals at /srv/app/db.py line 12")
 
     monkeypatch.setattr(Jobs, "list_workflows", broken)
@@ -393,6 +394,7 @@ async def test_the_readme_api_table_and_the_openapi_document_agree_with_the_serv
     # What each verb accepts is what is documented for it, and nothing more.
     accepted = {
         ("/v1/workflow-runs", "GET"): set(LIST_JOBS_PARAMETERS),
+        ("/v1/workflows", "GET"): set(LIST_WORKFLOWS_PARAMETERS),
         ("/v1/outbox", "GET"): set(LIST_OUTBOX_PARAMETERS),
         ("/v1/requests-dlq", "GET"): set(LIST_REQUESTS_DLQ_PARAMETERS),
         ("/v1/workflow-runs/{job_id}/events", "GET"): set(WATCH_JOB_PARAMETERS),
@@ -500,7 +502,13 @@ async def test_an_answer_that_lists_nothing_still_carries_its_lists(live_api: Li
     }
     calls: list[tuple[str, str, Any, str, dict[str, Any]]] = [
         ("GET", "/v1/workflow-runs", None, "listJobs", {"jobs": [], "next_page_token": ""}),
-        ("GET", "/v1/workflows", None, "listWorkflows", {"workflows": []}),
+        (
+            "GET",
+            "/v1/workflows",
+            None,
+            "listWorkflows",
+            {"workflows": [], "next_page_token": ""},
+        ),
         (
             "POST",
             "/v1/workflow-runs:cancel",

@@ -123,6 +123,12 @@ async def test_workflows_put_name_stores_under_that_name(
         assert code == 0, err
         stored = await wfjobs.json("workflows", "list")
         assert sorted(item["name"] for item in stored["workflows"]) == ["copy", "given"]
+        code, out, err = await wfjobs("workflows", "list", "--limit", "1")
+        assert code == 0 and "copy" in out and "given" not in out, err
+        token = out.rsplit("next page: --page-token ", 1)[1].strip()
+        rest = await wfjobs.json("workflows", "list", "--limit", "1", "--page-token", token)
+        assert [item["name"] for item in rest["workflows"]] == ["given"]
+        assert rest["next_page_token"] == ""
         copy = await wfjobs.json("workflows", "get", "copy")
         assert copy["workflow"]["definition"] == {**WEB_WORKFLOW, "name": "copy"}
 

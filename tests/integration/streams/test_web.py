@@ -422,6 +422,34 @@ async def test_stored_workflows_put_get_list(dsn: str) -> None:
         assert [item["name"] for item in listed["workflows"]] == ["web-review"]
 
 
+async def test_stored_workflows_are_listed_a_page_at_a_time_by_name(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        for name in ("wf-c", "wf-a", "wf-b"):
+            await put_workflow(client, {**WORKFLOW, "name": name})
+        first = await _json(await client.get("/v1/workflows", params={"limit": "2"}))
+        assert [item["name"] for item in first["workflows"]] == ["wf-a", "wf-b"]
+        rest = await _json(
+            await client.get(
+                "/v1/workflows", params={"limit": "2", "page_token": first["next_page_token"]}
+            )
+        )
+        assert [item["name"] for item in rest["workflows"]] == ["wf-c"]
+        assert rest["next_page_token"] == ""
+        every = await _json(await client.get("/v1/workflows", params={"limit": "0"}))
+        assert [item["name"] for item in every["workflows"]] == ["wf-a", "wf-b", "wf-c"]
+
+        for params, refusal in (
+            ({"page_token": "nonsense!"}, "page_token 'nonsense!' is malformed"),
+            ({"page_token": first["next_page_token"] + " "}, "is malformed"),
+            ({"limit": "-1"}, "limit must not be negative, got -1"),
+            ({"name": "wf-a"}, "unknown query parameter(s) name"),
+        ):
+            message = await _error(
+                await client.get("/v1/workflows", params=params), 400, "INVALID_ARGUMENT"
+            )
+            assert refusal in message, params
+
+
 async def test_submit_get_and_list_jobs(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, _):
         await put_workflow(client)

@@ -439,14 +439,20 @@ class GetWorkflowResponse(_message.Message):
     def __init__(self, workflow: _Optional[_Union[StoredWorkflow, _Mapping]] = ...) -> None: ...
 
 class ListWorkflowsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("limit", "page_token")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    page_token: str
+    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListWorkflowsResponse(_message.Message):
-    __slots__ = ("workflows",)
+    __slots__ = ("workflows", "next_page_token")
     WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     workflows: _containers.RepeatedCompositeFieldContainer[StoredWorkflow]
-    def __init__(self, workflows: _Optional[_Iterable[_Union[StoredWorkflow, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, workflows: _Optional[_Iterable[_Union[StoredWorkflow, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ErrorBody(_message.Message):
     __slots__ = ("code", "message")

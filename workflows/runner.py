@@ -79,7 +79,8 @@ class _SegmentDeadline:
     """A segment's deadline: one timer for the whole segment, felt only inside step calls.
 
     A step call that is still running when the deadline passes is cancelled and
-    its ``async with`` raises ``TimeoutError``, as ``asyncio.timeout`` would;
+    its ``async with`` raises ``TimeoutError``, as ``asyncio.timeout`` would,
+    also when the call swallowed the cancellation and returned or raised;
     the checkpoints between the steps are never interrupted (the next step then
     does not start). One ``asyncio.timeout`` per step scheduled and cancelled a
     timer at every step, a tenth of a segment's own CPU on the benchmark's
@@ -116,8 +117,10 @@ class _SegmentDeadline:
         if self._cancelled_call:
             self._cancelled_call = False
             # Only this timer's cancellation becomes a timeout; one requested
-            # by someone else as well stays a cancellation.
-            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            # by someone else as well stays a cancellation. A call that caught
+            # the cancellation and answered anyway answered past its deadline:
+            # a timeout too, or its late answer would be checkpointed.
+            if self._task.uncancel() <= self._cancelling:
                 raise TimeoutError from exc
 
     def close(self) -> None:

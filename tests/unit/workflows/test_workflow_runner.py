@@ -340,6 +340,28 @@ async def test_a_deadline_passing_during_a_checkpoint_lets_it_finish_and_stops_t
     assert "before this step could start" in caught.value.message
 
 
+async def test_a_step_that_swallows_its_deadline_has_timed_out_whatever_it_answers() -> None:
+    answered_late: list[str] = []
+
+    async def embed(request: Any, ctx: StepContext) -> Any:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            answered_late.append(ctx.step_name)
+        return {"vector": [0.5], "dimensions": 1}
+
+    registry = _registry_with(EMBED, embed)
+    recorder = Recorder()
+    workflow = compile_definition(envelope(review=None, deadline_ms=100))
+    with pytest.raises(StepFailure) as caught:
+        await _run(workflow, {"text": TEXT}, registry=registry, observer=recorder)
+    assert answered_late == ["embed"]
+    assert caught.value.kind is FailureKind.RETRYABLE
+    assert caught.value.step_name == "embed"
+    assert "deadline of 100 ms" in caught.value.message
+    assert [entry["name"] for entry in recorder.entries] == ["tokenize"]
+
+
 async def test_a_cancelled_segment_is_cancelled_not_timed_out() -> None:
     workflow = compile_definition(envelope(review="invoke", deadline_ms=60_000))
     segment = asyncio.create_task(_run(workflow, {"text": TEXT, "delay_ms": 2000}))

@@ -15,9 +15,12 @@ message types in scope, three ways:
   ``input.meta.lang``; string literals ignored) must name fields the message
   types declare, up to the first repeated, map, scalar or free-form field;
 * the rule is evaluated twice against probe values of the declared types (all
-  zero, then all non-zero) to catch unknown functions and results the target
-  field cannot hold. A probe that fails for data reasons (an index past the end,
-  a division by zero) proves nothing and is ignored: that is the run's business.
+  zero, then all non-zero) to catch unknown functions, operations on operands
+  of the wrong types (``input.text > 3``) and results the target field cannot
+  hold. A probe that fails for data reasons (an index past the end, a division
+  by zero) proves nothing and is ignored: that is the run's business. So is a
+  type error of a rule reading a ``google.protobuf.Value``, whose probe stands
+  for one type of the many it may hold.
 """
 
 from __future__ import annotations
@@ -265,6 +268,7 @@ class Probes:
 
     def __init__(self) -> None:
         self._messages: dict[tuple[str, int], Any] = {}
+        self._free_form: dict[str, bool] = {}
 
     def context(self, env: Mapping[str, Descriptor], variant: int) -> cel.Context:
         return cel.Context({name: self.message(desc, variant) for name, desc in env.items()})
@@ -286,6 +290,17 @@ class Probes:
             value = {field.name: self._field(field, variant, inner) for field in descriptor.fields}
         self._messages[key] = value
         return value
+
+    def holds_free_form(self, descriptor: Descriptor) -> bool:
+        """Whether a probe of ``descriptor`` holds a ``google.protobuf.Value`` anywhere.
+
+        That probe (null) stands for only one of the types the value may take;
+        every other probe has the type each run's value has.
+        """
+        known = self._free_form.get(descriptor.full_name)
+        if known is None:
+            known = self._free_form[descriptor.full_name] = _reaches_value(descriptor, set())
+        return known
 
     def _field(self, field: FieldDescriptor, variant: int, open_types: frozenset[str]) -> Any:
         if is_map(field):
@@ -314,6 +329,20 @@ class Probes:
         if kind in INT64_TYPES:
             return str(variant)  # proto3 JSON spells 64-bit integers as strings
         return variant
+
+
+def _reaches_value(descriptor: Descriptor, seen: set[str]) -> bool:
+    name = descriptor.full_name
+    if name in SPECIAL_JSON_TYPES:
+        # A Value's probe is null; the others' are scalars or empty, with
+        # nothing inside for a rule to reach.
+        return name == "google.protobuf.Value"
+    seen.add(name)
+    return any(
+        _reaches_value(field.message_type, seen)
+        for field in descriptor.fields
+        if field.message_type is not None and field.message_type.full_name not in seen
+    )
 
 
 def _map_key_probe(field: FieldDescriptor, variant: int) -> str:
@@ -389,6 +418,17 @@ def check_rule(
             if name in rule.program.variables():
                 raise RuleError(explain_unknown(name)) from None
             raise RuleError(f"calls {name!r}, which is not a function CEL knows") from None
+        except TypeError as exc:
+            # The engine's "no such overload": the probes have exactly the
+            # types every run's values have, so every run taking this path
+            # fails the same way.
+            if any(probes.holds_free_form(env[name]) for name in rule.needs):
+                continue
+            reason = describe_error(exc).split(". ", 1)[0].rstrip(".")
+            raise RuleError(
+                "applies an operation to values of types it is not defined for, so it "
+                f"would fail at run time: {reason}"
+            ) from None
         except Exception:
             continue  # a data-dependent failure: the probe proves nothing
     if not results:

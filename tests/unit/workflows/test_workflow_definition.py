@@ -353,6 +353,25 @@ MALFORMED: list[tuple[str, Edit, list[str]]] = [
         ["calls 'shout', which is not a function CEL knows"],
     ),
     (
+        "validate comparing a string with a number",
+        _set(["steps", 2, "validate"], ["response.reviewer > 3"]),
+        [
+            "steps[2] 'review', validate[0] `response.reviewer > 3`",
+            "applies an operation to values of types it is not defined for",
+            "No such overload",
+        ],
+    ),
+    (
+        "rule mixing int and uint",
+        _rules(0, "text = input.text", "delay_ms = input.delay_ms + 1u"),
+        ["rules[1] `delay_ms = input.delay_ms + 1u`", "types it is not defined for"],
+    ),
+    (
+        "output indexing a string",
+        _set(["output"], ["first = input.text[0]"]),
+        ["output[0] `first = input.text[0]`", "types it is not defined for"],
+    ),
+    (
         "validate not boolean",
         _set(["steps", 2, "validate"], ["response.reviewer"]),
         ["steps[2] 'review', validate[0] `response.reviewer`", "must be a boolean expression"],
@@ -453,6 +472,35 @@ def test_comprehension_variables_are_not_unknown_names() -> None:
     definition["steps"][1]["rules"] = ["ids = tokenize.ids.filter(x, x > 0).map(y, y * 2)"]
     definition["steps"][2]["validate"] = ["response.approved && [1, 2].all(n, n > 0)"]
     compile_definition(definition)
+
+
+def test_a_type_error_is_refused_only_where_the_types_are_known() -> None:
+    # A google.protobuf.Value may hold a number on every run; its probe is null.
+    definition = with_a_step(answers="google.protobuf.Struct")
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        base64.b64decode(definition["schema"]["descriptorSetBase64"])
+    )
+    answers = next(file for file in files.file if file.name == "answers.proto")
+    loose = answers.message_type.add(name="Loose")
+    loose.field.add(
+        name="score",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+        type_name=".google.protobuf.Value",
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
+    answers.service[0].method[0].output_type = ".answers.Loose"
+    definition["schema"]["descriptorSetBase64"] = base64.b64encode(
+        files.SerializeToString()
+    ).decode()
+    definition["steps"][-1]["validate"] = ["response.score > 3"]
+    compile_definition(definition)
+
+    definition["steps"][-1]["validate"] = ["input.text > 3"]
+    with pytest.raises(DefinitionError) as caught:
+        compile_definition(definition)
+    assert caught.value.path == "steps[2].validate[0]"
+    assert "types it is not defined for" in caught.value.message
 
 
 def test_string_literals_are_not_member_chains() -> None:

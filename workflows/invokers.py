@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from workflows.failures import FailureKind, StepFailure, channel_closed_failure, transport_failure
 from workflows.protojson import MessageError
@@ -227,9 +227,13 @@ class GrpcChannels:
     def __len__(self) -> int:
         return len(self._channels)
 
-    def unary(
-        self, target: str, path: str, response_type: type[Message]
-    ) -> grpc.aio.UnaryUnaryMultiCallable:
+    def unary(self, target: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        """The method at ``path`` on ``target``; it answers the response's bytes.
+
+        The caller parses them: steps of different definitions (a workflow's
+        next version, say) call the same method with response classes of their
+        own pools, which may not even declare the same fields.
+        """
         loop = asyncio.get_running_loop()
         held = self._channels.get(target)
         if held is None or held[0] is not loop:
@@ -247,11 +251,7 @@ class GrpcChannels:
         key = (target, path)
         call = self._calls.get(key)
         if call is None:
-            call = channel.unary_unary(
-                path,
-                request_serializer=_serialize,
-                response_deserializer=response_type.FromString,
-            )
+            call = channel.unary_unary(path, request_serializer=_serialize)
             self._calls[key] = call
         return call
 
@@ -329,7 +329,7 @@ async def invoke(
         )
     target = step.remote_target
     try:
-        call = channels.unary(target, step.grpc_path, step.response_type)
+        call = channels.unary(target, step.grpc_path)
     except TargetRefused as exc:
         raise StepFailure(FailureKind.NON_RETRYABLE, step.name, str(exc)) from None
     sent = (
@@ -346,7 +346,7 @@ async def invoke(
         else None
     )
     try:
-        response: Message = await rpc
+        answer: bytes = await rpc
     except grpc.RpcError as exc:
         # The transport's text stays in the log, for operators only.
         log.warning("step %r: call to %s failed: %s", step.name, target, exc)
@@ -361,7 +361,15 @@ async def invoke(
     finally:
         if reporting is not None:
             reporting.cancel()
-    return response
+    try:
+        return step.response_type.FromString(answer)
+    except DecodeError:
+        raise StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step.name,
+            f"{target} answered bytes that do not parse as "
+            f"{step.response_type.DESCRIPTOR.full_name}",
+        ) from None
 
 
 async def _remote_progress(rpc: Any, context: StepContext) -> None:

@@ -192,7 +192,7 @@ async def test_a_local_socket_is_not_dialled_at_call_time(tmp_path: Any) -> None
         assert "resolver scheme" in caught.value.message
         assert len(channels) == 0 and _Recorder.calls == 0
         with pytest.raises(TargetRefused):
-            GrpcChannels(policy=ALLOW_ALL).unary(abstract, "/a.B/C", _Bytes)
+            GrpcChannels(policy=ALLOW_ALL).unary(abstract, "/a.B/C")
     finally:
         await channels.close()
         await server.stop(0)
@@ -205,12 +205,6 @@ class _Recorder(grpc.GenericRpcHandler):
     def service(self, handler_call_details: Any) -> None:
         type(self).calls += 1
         return None
-
-
-class _Bytes:
-    @staticmethod
-    def FromString(data: bytes) -> bytes:
-        return data
 
 
 async def test_a_transport_error_keeps_the_status_and_not_the_peers_text(

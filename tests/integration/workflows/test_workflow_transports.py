@@ -7,14 +7,17 @@ test descriptor set, started and stopped here.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 import pytest_asyncio
-from google.protobuf import json_format
+from google.protobuf import descriptor_pb2, json_format
 
 from tests.workflows_fixtures import (
     EMBED,
@@ -277,6 +280,60 @@ async def test_a_registered_handler_wins_over_the_target(grpc_server: TestGrpcSe
     assert sum(grpc_server.calls.counts.values()) == 0
 
 
+async def test_the_next_version_of_a_workflow_reads_a_remote_answer_with_its_own_types(
+    grpc_server: TestGrpcServer, channels: GrpcChannels
+) -> None:
+    # Version 2 renames Tokens.count (field 2) to total. The same method on
+    # the same target must answer each version in that version's own type.
+    remote = Transport("grpc", grpc_server.target, HandlerRegistry(), CallLog(), channels)
+    grpc_server.calls = remote.calls
+    first, _ = await remote.run(remote.envelope(review=None), {"text": TEXT})
+    assert isinstance(first, Completed)
+
+    second = remote.envelope(review=None, output=["total = tokenize.total"])
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        base64.b64decode(second["schema"]["descriptorSetBase64"])
+    )
+    test_file = next(file for file in files.file if file.name == "jobs_test.proto")
+    tokens = next(message for message in test_file.message_type if message.name == "Tokens")
+    next(field for field in tokens.field if field.name == "count").name = "total"
+    second["schema"]["descriptorSetBase64"] = base64.b64encode(files.SerializeToString()).decode()
+    outcome, entries = await remote.run(second, {"text": TEXT})
+    assert isinstance(outcome, Completed)
+    assert outcome.result == {"total": len(TEXT.split())}
+    assert entries[0]["response"]["total"] == len(TEXT.split())
+
+
+async def test_a_remote_answer_that_is_not_the_response_type_fails_the_step_non_retryably(
+    channels: GrpcChannels,
+) -> None:
+    async def garbled(request: bytes, context: Any) -> bytes:
+        return b"\xff\xff\xff"  # a truncated varint: no message parses from it
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "jobs.test.Tokenizer", {"Tokenize": grpc.unary_unary_rpc_method_handler(garbled)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    target = f"127.0.0.1:{port}"
+    remote = Transport("grpc", target, HandlerRegistry(), CallLog(), channels)
+    try:
+        with pytest.raises(StepFailure) as caught:
+            await remote.run(remote.envelope(review=None), {"text": TEXT})
+    finally:
+        await server.stop(None)
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert caught.value.step_name == "tokenize"
+    assert caught.value.message == (
+        f"{target} answered bytes that do not parse as jobs.test.Tokens"
+    )
+
+
 async def test_a_slow_step_reports_its_progress_over_either_transport(transport: Transport) -> None:
     reports: list[tuple[str, float, str]] = []
     outcome, _ = await transport.run(
@@ -333,9 +390,7 @@ async def test_a_call_cut_off_by_its_channel_closing_is_retryable(
 
     async def open_another_channel() -> None:
         await asyncio.sleep(0.2)
-        channels.unary(
-            f"localhost:{port}", "/jobs.test.Tokenizer/Tokenize", message_class("jobs.test.Tokens")
-        )
+        channels.unary(f"localhost:{port}", "/jobs.test.Tokenizer/Tokenize")
 
     try:
         opener = asyncio.create_task(open_another_channel())

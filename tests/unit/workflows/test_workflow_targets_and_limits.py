@@ -78,18 +78,12 @@ def test_tls_rules_read_their_files_and_pair_cert_with_key(
 
 async def test_the_channel_cache_closes_the_least_recently_used() -> None:
     channels = GrpcChannels(max_channels=2, close_grace_s=0.1)
-    channels.unary("127.0.0.1:1001", "/a.B/C", _Response)
-    channels.unary("127.0.0.1:1002", "/a.B/C", _Response)
-    channels.unary("127.0.0.1:1001", "/a.B/C", _Response)  # used again: now the newest
-    channels.unary("127.0.0.1:1003", "/a.B/C", _Response)
+    channels.unary("127.0.0.1:1001", "/a.B/C")
+    channels.unary("127.0.0.1:1002", "/a.B/C")
+    channels.unary("127.0.0.1:1001", "/a.B/C")  # used again: now the newest
+    channels.unary("127.0.0.1:1003", "/a.B/C")
     assert list(channels._channels) == ["127.0.0.1:1001", "127.0.0.1:1003"]
     retired = list(channels._closing)
     assert len(retired) == 1
     await channels.close()
     assert len(channels) == 0 and all(task.done() for task in retired)
-
-
-class _Response:
-    @staticmethod
-    def FromString(data: bytes) -> _Response:
-        return _Response()

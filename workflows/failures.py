@@ -11,7 +11,8 @@ Three kinds, and what the service does with each:
   workflow's answer, not an error: the job fails with the violations recorded.
 * ``NON_RETRYABLE`` - retrying cannot help: a mapping rule that cannot be
   evaluated, a checkpoint that no longer matches the definition, any other gRPC
-  status, a handler raising anything else. The job fails, loudly.
+  status (and a ``RESOURCE_EXHAUSTED`` for a message over gRPC's size limit), a
+  handler raising anything else. The job fails, loudly.
 """
 
 from __future__ import annotations
@@ -149,12 +150,27 @@ _TRANSPORT_MESSAGES = {
 }
 
 
+# gRPC refuses a message over its size limit with RESOURCE_EXHAUSTED too, on
+# whichever side receives it (grpc core's words, "CLIENT: ..." here, "SERVER:
+# ..." from the target). That is no shortage: the same call is refused again.
+_OVERSIZE = "Received message larger than max"
+
+
 def transport_failure(exc: grpc.RpcError, step_name: str, target: str) -> StepFailure:
     """A remote call's failure, classified: its status code and a fixed short message."""
     code = _grpc_code(exc)
     name = code.name if code is not None else "UNKNOWN"
     kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
     message = _TRANSPORT_MESSAGES.get(code, "the call failed") if code is not None else ""
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        details = _grpc_details(exc)
+        if _OVERSIZE in details:
+            kind = FailureKind.NON_RETRYABLE
+            message = (
+                "the request is larger than the target accepts"
+                if "SERVER:" in details
+                else "the answer is larger than gRPC accepts here"
+            )
     return StepFailure(
         kind, step_name, f"gRPC {name} from {target}: {message or 'the call failed'}"
     )

@@ -334,6 +334,36 @@ async def test_a_remote_answer_that_is_not_the_response_type_fails_the_step_non_
     )
 
 
+async def test_a_remote_answer_over_grpcs_size_limit_fails_at_once_not_as_out_of_capacity(
+    channels: GrpcChannels,
+) -> None:
+    async def huge(request: bytes, context: Any) -> bytes:
+        return message_class("jobs.test.Tokens")(ids=[2**30] * 1_000_000).SerializeToString()
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "jobs.test.Tokenizer", {"Tokenize": grpc.unary_unary_rpc_method_handler(huge)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    target = f"127.0.0.1:{port}"
+    remote = Transport("grpc", target, HandlerRegistry(), CallLog(), channels)
+    try:
+        with pytest.raises(StepFailure) as caught:
+            await remote.run(remote.envelope(review=None), {"text": TEXT})
+    finally:
+        await server.stop(None)
+    # Sent again, the same answer is refused again: no attempt is worth spending.
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert caught.value.message == (
+        f"gRPC RESOURCE_EXHAUSTED from {target}: the answer is larger than gRPC accepts here"
+    )
+
+
 async def test_a_slow_step_reports_its_progress_over_either_transport(transport: Transport) -> None:
     reports: list[tuple[str, float, str]] = []
     outcome, _ = await transport.run(

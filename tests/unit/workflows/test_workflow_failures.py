@@ -16,6 +16,7 @@ from workflows import (
     StepFailure,
     classify,
 )
+from workflows.failures import transport_failure
 
 
 def _rpc_error(code: grpc.StatusCode, details: str = "it broke") -> grpc.aio.AioRpcError:
@@ -39,6 +40,32 @@ def test_only_transient_grpc_statuses_are_retryable(code: grpc.StatusCode) -> No
     assert failure.kind is expected
     assert failure.retryable is (code in TRANSIENT)
     assert failure.message == f"gRPC {code.name}: it broke"
+
+
+@pytest.mark.parametrize(
+    ("details", "kind", "said"),
+    [
+        ("server overloaded", FailureKind.RETRYABLE, "the target is out of capacity"),
+        (
+            "SERVER: Received message larger than max (5242880 vs. 4194304)",
+            FailureKind.NON_RETRYABLE,
+            "the request is larger than the target accepts",
+        ),
+        (
+            "Stream removed (CLIENT: Received message larger than max (6291461 vs. 4194304))",
+            FailureKind.NON_RETRYABLE,
+            "the answer is larger than gRPC accepts here",
+        ),
+    ],
+)
+def test_a_message_over_grpcs_size_limit_is_no_shortage(
+    details: str, kind: FailureKind, said: str
+) -> None:
+    failure = transport_failure(
+        _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, details), "embed", "svc:50051"
+    )
+    assert failure.kind is kind
+    assert failure.message == f"gRPC RESOURCE_EXHAUSTED from svc:50051: {said}"
 
 
 def test_handler_errors_say_what_they_are() -> None:

@@ -17,12 +17,15 @@ from store.pool import Pool
 from store.progress import Progress
 from store.states import TERMINAL, Status
 
-READ_FEED_SQL = """
+# Progress is the running step's: the row outlives the attempt that wrote it
+# (a retry, a park, the job's end), and is shown only while that attempt runs.
+READ_FEED_SQL = f"""
 SELECT w.status,
        p.attempt, p.step_name, p.fraction, p.message, p.updated_at,
-       coalesce(e.ids, '{}'), coalesce(e.payloads, '{}'), coalesce(e.created, '{}')
+       coalesce(e.ids, '{{}}'), coalesce(e.payloads, '{{}}'), coalesce(e.created, '{{}}')
   FROM workflow_run AS w
-  LEFT JOIN workflow_run_progress AS p ON p.job_id = w.job_id
+  LEFT JOIN workflow_run_progress AS p
+    ON p.job_id = w.job_id AND p.attempt = w.attempt AND w.status = '{Status.RUNNING.value}'
   LEFT JOIN LATERAL (
       SELECT array_agg(o.id ORDER BY o.id) AS ids,
              array_agg(o.payload ORDER BY o.id) AS payloads,

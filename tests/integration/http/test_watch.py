@@ -7,6 +7,7 @@ no claim loop), so each test decides exactly when each commit point lands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -352,3 +353,47 @@ async def test_the_event_stream_carries_a_request_id_like_every_answer(live_api:
         assert response.status == 200
         assert response.headers.get(REQUEST_ID_HEADER), dict(response.headers)
         assert [m async for m in sse_messages(response)][-1].event == "end"
+
+
+async def test_progress_is_only_sent_while_the_attempt_that_reported_it_runs(
+    live_api: LiveApi,
+) -> None:
+    await store_review(live_api)
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    async with live_api.session.post(
+        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
+    ) as r:
+        job_id = (await r.json())["job"]["job_id"]
+    runs = live_api.runtime.require_runs()
+    claimed = await runs.claim("http-test")
+    assert claimed is not None
+    lease = claimed.lease
+    report = ProgressReport(lease.job_id, lease.token, lease.attempt, "tokenize", 0.5, "half")
+    assert await ProgressStore(runs.pool).record([report]) == 1
+    url = live_api.url + events_path(job_id)
+
+    async def one_pass() -> list[Sse]:
+        # Long enough for a running job's first read; a terminal one ends by itself.
+        got: list[Sse] = []
+        async with live_api.session.get(url, headers=live_api.auth) as response:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.5):
+                    async for message in sse_messages(response):
+                        got.append(message)
+        return got
+
+    assert [m.event for m in await one_pass()] == ["message", "progress"]
+    # Requeued for a retry: attempt 1's step is not running any more.
+    await runs.retry_or_die(lease, "try again")
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET run_after = now() WHERE job_id = %s", (lease.job_id,)
+        )
+    assert "progress" not in [m.event for m in await one_pass()]
+    again = await runs.claim("http-test")
+    assert again is not None and again.lease.attempt == lease.attempt + 1
+    assert "progress" not in [m.event for m in await one_pass()]
+    await runs.fail(again.lease, error="gave up")
+    ended = await one_pass()
+    assert ended[-1].event == "end" and ended[-1].data == {"status": "FAILED"}
+    assert "progress" not in [m.event for m in ended]

@@ -301,31 +301,30 @@ class JobWatch(mode.Service):
             except Exception as exc:
                 if not is_outage(exc):
                     raise
+                # The stream stays open, and kept alive, until the store is back.
                 log.debug("watch of %s: store unavailable (%s); retrying", job_id, exc)
-                page = None
-                await self._wait(tick)
-                continue
-            if page is None:
-                # Removed by retention while watched: nothing more will come.
-                yield Frame(json.dumps({"status": "", "gone": True}), event="end").encode()
-                return
-            for event in page.events:
-                if len(event.payload) > _DECODE_OFF_LOOP_BYTES:
-                    data = await asyncio.to_thread(event_json, event)
-                else:
-                    data = event_json(event)
-                yield Frame(data, id=str(event.id)).encode()
-                after = event.id
-                quiet_since = self._clock()
-            if page.progress is not None and page.progress != sent_progress:
-                sent_progress = page.progress
-                yield Frame(progress_json(page.progress), event="progress").encode()
-                quiet_since = self._clock()
-            if page.finished:
-                yield Frame(json.dumps({"status": str(page.status)}), event="end").encode()
-                return
-            if page.truncated:
-                continue
+            else:
+                if page is None:
+                    # Removed by retention while watched: nothing more will come.
+                    yield Frame(json.dumps({"status": "", "gone": True}), event="end").encode()
+                    return
+                for event in page.events:
+                    if len(event.payload) > _DECODE_OFF_LOOP_BYTES:
+                        data = await asyncio.to_thread(event_json, event)
+                    else:
+                        data = event_json(event)
+                    yield Frame(data, id=str(event.id)).encode()
+                    after = event.id
+                    quiet_since = self._clock()
+                if page.progress is not None and page.progress != sent_progress:
+                    sent_progress = page.progress
+                    yield Frame(progress_json(page.progress), event="progress").encode()
+                    quiet_since = self._clock()
+                if page.finished:
+                    yield Frame(json.dumps({"status": str(page.status)}), event="end").encode()
+                    return
+                if page.truncated:
+                    continue
             if self._clock() - quiet_since >= self._keepalive_s:
                 yield KEEPALIVE
                 quiet_since = self._clock()

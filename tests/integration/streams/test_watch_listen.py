@@ -6,15 +6,17 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 import pytest
 
 from store.control import ControlStore
-from store.job_feed import JobFeed
+from store.job_feed import FeedPage, JobFeed
 from store.notify import APPLICATION_NAME
 from store.pool import Pool
 from store.runs import RunStore
-from streams.watch import JobWatch
+from streams.watch import KEEPALIVE, JobWatch
 from tests.integration.store.helpers import submit
 
 pytestmark = pytest.mark.asyncio
@@ -72,5 +74,46 @@ async def test_listening_starts_with_the_first_watcher_and_ends_once_none_is_lef
                 break
             await asyncio.sleep(0.02)
         assert await _listening_backends(pool) == 0
+    finally:
+        await watch.stop()
+
+
+class _AwayFeed(JobFeed):
+    """A feed whose reads fail as a store that went away fails, while ``away`` is set."""
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        self.away = False
+
+    async def read(self, job_id: Any, *, after: int, limit: int) -> FeedPage | None:
+        if self.away:
+            raise psycopg.OperationalError("connection refused")
+        return await super().read(job_id, after=after, limit=limit)
+
+
+async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
+    pool: Pool, store: RunStore
+) -> None:
+    # Proxies (and ``wfjobs watch``) cut a stream that stays silent: an outage
+    # must not silence it, or the watch ends and its reconnects find no store.
+    feed = _AwayFeed(pool)
+    watch = JobWatch(feed, poll_s=0.05, keepalive_s=0.3)
+    await watch.start()
+    try:
+        job_id = (await submit(store)).job.job_id
+        frames: list[bytes] = []
+
+        async def follow() -> None:
+            async for frame in watch.frames(job_id, after=0):
+                frames.append(frame)
+
+        following = asyncio.create_task(follow())
+        await _until(lambda: len(frames) == 1)
+        feed.away = True
+        await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+        feed.away = False
+        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
+        await asyncio.wait_for(following, timeout=10)
+        assert b"event: end" in frames[-1]
     finally:
         await watch.stop()

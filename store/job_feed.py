@@ -17,15 +17,17 @@ from store.pool import Pool
 from store.progress import Progress
 from store.states import TERMINAL, Status
 
-# Progress is the running step's: the row outlives the attempt that wrote it
-# (a retry, a park, the job's end), and is shown only while that attempt runs.
+# Progress is the running step's: the row outlives the claim that wrote it (a
+# retry, a park, a hand-back, the job's end), and is shown only while that
+# claim holds the job. A report is fenced on the claim's lease, so one written
+# under the current claim was written after it, both on the database clock.
 READ_FEED_SQL = f"""
 SELECT w.status,
        p.attempt, p.step_name, p.fraction, p.message, p.updated_at,
        coalesce(e.ids, '{{}}'), coalesce(e.payloads, '{{}}'), coalesce(e.created, '{{}}')
   FROM workflow_run AS w
   LEFT JOIN workflow_run_progress AS p
-    ON p.job_id = w.job_id AND p.attempt = w.attempt AND w.status = '{Status.RUNNING.value}'
+    ON p.job_id = w.job_id AND w.status = '{Status.RUNNING.value}' AND p.updated_at >= w.claimed_at
   LEFT JOIN LATERAL (
       SELECT array_agg(o.id ORDER BY o.id) AS ids,
              array_agg(o.payload ORDER BY o.id) AS payloads,

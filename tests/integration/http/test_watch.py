@@ -355,7 +355,7 @@ async def test_the_event_stream_carries_a_request_id_like_every_answer(live_api:
         assert [m async for m in sse_messages(response)][-1].event == "end"
 
 
-async def test_progress_is_only_sent_while_the_attempt_that_reported_it_runs(
+async def test_progress_is_only_sent_while_the_claim_that_reported_it_holds_the_job(
     live_api: LiveApi,
 ) -> None:
     await store_review(live_api)
@@ -393,7 +393,16 @@ async def test_progress_is_only_sent_while_the_attempt_that_reported_it_runs(
     again = await runs.claim("http-test")
     assert again is not None and again.lease.attempt == lease.attempt + 1
     assert "progress" not in [m.event for m in await one_pass()]
-    await runs.fail(again.lease, error="gave up")
+    second = ProgressReport(lease.job_id, again.lease.token, again.lease.attempt, "embed", 0.5, "")
+    assert await ProgressStore(runs.pool).record([second]) == 1
+    assert [m.event for m in await one_pass()][-1] == "progress"
+    # Handed back and claimed again, under the same attempt number: the new
+    # claim has reported nothing yet.
+    await runs.hand_back(again.lease)
+    third = await runs.claim("http-test")
+    assert third is not None and third.lease.attempt == again.lease.attempt
+    assert "progress" not in [m.event for m in await one_pass()]
+    await runs.fail(third.lease, error="gave up")
     ended = await one_pass()
     assert ended[-1].event == "end" and ended[-1].data == {"status": "FAILED"}
     assert "progress" not in [m.event for m in ended]

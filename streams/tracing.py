@@ -210,7 +210,7 @@ class Tracing:
             "submit",
             context=self._parent(parent),
             kind=self._trace.SpanKind.SERVER if via == "http" else self._trace.SpanKind.CONSUMER,
-            attributes={"wfjobs.submit.via": via},
+            attributes={"wfjobs.submit.via": via, "wfjobs.worker_id": self._worker_id},
         )
         return span, self._context_of(span)
 
@@ -290,6 +290,7 @@ class Tracing:
             attributes={
                 "wfjobs.job_id": job_id,
                 "wfjobs.event_id": event_id,
+                "wfjobs.worker_id": self._worker_id,
                 "messaging.system": "kafka",
                 "messaging.destination.name": topic,
             },

@@ -215,6 +215,12 @@ async def test_one_job_is_one_trace_from_submit_to_the_headers_of_its_events(
         _, carried_trace, carried_span, _ = carried.traceparent.split("-")
         assert carried_trace == trace
         assert carried_span in publish_ids
+    # Every span names its job and the process that made it; a run's spans their attempt.
+    for span in spans:
+        attributes = span.attributes or {}
+        assert attributes.get("wfjobs.worker_id") == "trace-test", span.name
+        if span.name not in ("submit", "publish"):
+            assert attributes.get("wfjobs.attempt") == 1, span.name
 
 
 async def test_a_traceparent_sent_on_submit_is_the_trace_the_job_joins(

@@ -11,6 +11,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+
 from store.history_sql import (
     SELECT_ATTEMPTS_SQL,
     SELECT_OUTBOX_STATE_SQL,
@@ -35,6 +38,12 @@ def _attempt(row: tuple[Any, ...]) -> Attempt:
     )
 
 
+async def read_attempts(conn: AsyncConnection[TupleRow], job_id: UUID) -> tuple[Attempt, ...]:
+    """The job's ended attempts, oldest first, on ``conn`` (in its transaction, if any)."""
+    rows = await (await conn.execute(SELECT_ATTEMPTS_SQL, {"job_id": job_id})).fetchall()
+    return tuple(_attempt(row) for row in rows)
+
+
 class HistoryStore:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -42,8 +51,7 @@ class HistoryStore:
     async def attempts(self, job_id: UUID) -> tuple[Attempt, ...]:
         """The job's ended attempts, oldest first (none for an unknown job)."""
         async with self._pool.connection() as conn:
-            rows = await (await conn.execute(SELECT_ATTEMPTS_SQL, {"job_id": job_id})).fetchall()
-        return tuple(_attempt(row) for row in rows)
+            return await read_attempts(conn, job_id)
 
     async def outbox_state(self, job_id: UUID) -> OutboxState:
         """How many of the job's events wait, failed, or went out."""
@@ -75,4 +83,4 @@ class HistoryStore:
         return row[0], int(row[1])
 
 
-__all__ = ["HistoryStore"]
+__all__ = ["HistoryStore", "read_attempts"]

@@ -102,6 +102,9 @@ def error_class_literal(error_class: ErrorClass) -> str:
     return _lit(error_class.value)
 
 
+# The first statement of a transaction whose reads must all see one moment.
+ONE_SNAPSHOT_SQL = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
 # One job's history, oldest first.
 SELECT_ATTEMPTS_SQL = """
 SELECT attempt, worker, claimed_at, ended_at, outcome, steps, error, error_class, next_run_at
@@ -140,6 +143,7 @@ SELECT now(), (
 
 __all__ = [
     "ENDED_COLUMNS",
+    "ONE_SNAPSHOT_SQL",
     "SELECT_ATTEMPTS_SQL",
     "SELECT_OUTBOX_STATE_SQL",
     "SELECT_QUEUE_POSITION_SQL",

@@ -61,10 +61,11 @@ from store.definitions import validate_workflow_name
 from store.errors import refused_value
 from store.group_commit import Answer, GroupCommit
 from store.group_commit_sql import Kind
-from store.history import HistoryStore
-from store.history_sql import ErrorClass
+from store.history import HistoryStore, read_attempts
+from store.history_sql import ONE_SNAPSHOT_SQL, ErrorClass
 from store.pool import Pool
 from store.records import (
+    Attempt,
     ClaimedJob,
     CompleteStepResult,
     DeadlineSweep,
@@ -1109,6 +1110,18 @@ class RunStore:
         job_id = _as_uuid(job_id)
         async with self._pool.connection() as conn:
             return await _fetch_job(conn, SELECT_JOB_SQL, job_id)
+
+    async def get_with_history(self, job_id: UUID | str) -> tuple[Job, tuple[Attempt, ...]]:
+        """The job row and its ended attempts, oldest first, as of one moment.
+
+        Read apart, an attempt that ends between the two reads would show as
+        ended beside a row still read as running it.
+        """
+        job_id = _as_uuid(job_id)
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(ONE_SNAPSHOT_SQL)
+            job = await _fetch_job(conn, SELECT_JOB_SQL, job_id)
+            return job, await read_attempts(conn, job_id)
 
     async def count_queued(self, *, limit: int) -> int:
         """How many jobs are QUEUED, counting no further than ``limit``."""

@@ -386,9 +386,8 @@ class Jobs:
     ) -> tuple[Job, tuple[Attempt, ...]]:
         """The job and its ended attempts, oldest first."""
         with outages_as_unavailable():
-            runs = self._runtime.require_runs()
-            job = _visible(await runs.get(job_id), owner)
-            return job, await runs.history.attempts(job.job_id)
+            job, history = await self._runtime.require_runs().get_with_history(job_id)
+        return _visible(job, owner), history
 
     async def explain(self, job_id: uuid.UUID, *, owner: str | None = None) -> ExplainFacts:
         """What ``streams.explain`` needs to say why the job is where it is."""

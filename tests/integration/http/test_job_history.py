@@ -1,0 +1,67 @@
+"""get-job's history, read as of the same moment as the job it belongs to."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from tests.integration.http.conftest import LiveApi
+from tests.integration.http.test_watch import store_review
+
+pytestmark = pytest.mark.asyncio
+
+# What a retry commits, done by hand inside a transaction the test controls.
+END_ATTEMPT_SQL = """
+WITH ended AS (
+    UPDATE workflow_run SET status = 'QUEUED', lease_until = NULL, updated_at = now()
+     WHERE job_id = %(job_id)s
+    RETURNING job_id, attempt, lease_owner, claimed_at
+)
+INSERT INTO workflow_run_attempt (job_id, attempt, worker, claimed_at, outcome, error, error_class)
+SELECT job_id, attempt, lease_owner, claimed_at, 'RETRY_SCHEDULED', 'UNAVAILABLE', 'retryable'
+  FROM ended
+"""
+WAITING_ON_THE_HISTORY_SQL = """
+SELECT count(*) FROM pg_locks
+ WHERE NOT granted AND relation = 'workflow_run_attempt'::regclass
+"""
+
+
+async def test_get_job_never_shows_a_running_attempt_as_ended(live_api: LiveApi) -> None:
+    await store_review(live_api)
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    async with live_api.session.post(
+        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
+    ) as r:
+        job_id = (await r.json())["job"]["job_id"]
+    runs = live_api.runtime.require_runs()
+    claimed = await runs.claim("http-test")
+    assert claimed is not None
+    dsn = live_api.runtime.settings.database_url
+    async with await psycopg.AsyncConnection.connect(dsn) as ender:
+        # The history is held still until the attempt has ended: a get-job that
+        # read the job first must wait there, and then read what was so then.
+        await ender.execute("LOCK TABLE workflow_run_attempt IN ACCESS EXCLUSIVE MODE")
+        url = live_api.url + f"/v1/workflow-runs/{job_id}"
+        got = asyncio.ensure_future(live_api.session.get(url, headers=live_api.auth))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
+            for _ in range(200):
+                row = await (await probe.execute(WAITING_ON_THE_HISTORY_SQL)).fetchone()
+                if row is not None and row[0]:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                got.cancel()
+                raise AssertionError("get-job never read the history")
+        await ender.execute(END_ATTEMPT_SQL, {"job_id": job_id})
+        await ender.commit()
+    response = await got
+    assert response.status == 200, await response.text()
+    job = (await response.json())["job"]
+    history = job.get("history", [])
+    if job["status"] == "RUNNING":
+        assert history == [], f"attempt {job['attempt']} is RUNNING and ended: {history}"
+    else:
+        assert [a["outcome"] for a in history] == ["RETRY_SCHEDULED"]

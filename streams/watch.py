@@ -297,12 +297,16 @@ class JobWatch(mode.Service):
                 return
             tick = self._tick
             try:
-                page = await self._feed.read(job_id, after=after, limit=self._page)
+                # Bounded: a read the database never answers (behind a lock, or
+                # on a connection whose server went without a word) must not
+                # hold back the keep-alives; it counts as an outage (TimeoutError).
+                async with asyncio.timeout(self._keepalive_s):
+                    page = await self._feed.read(job_id, after=after, limit=self._page)
             except Exception as exc:
                 if not is_outage(exc):
                     raise
                 # The stream stays open, and kept alive, until the store is back.
-                log.debug("watch of %s: store unavailable (%s); retrying", job_id, exc)
+                log.debug("watch of %s: store unavailable (%r); retrying", job_id, exc)
             else:
                 if page is None:
                     # Removed by retention while watched: nothing more will come.

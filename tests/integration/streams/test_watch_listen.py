@@ -117,3 +117,31 @@ async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
         assert b"event: end" in frames[-1]
     finally:
         await watch.stop()
+
+
+async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
+    dsn: str, pool: Pool, store: RunStore
+) -> None:
+    # A statement behind a lock (or on a connection whose server went without a
+    # word) is never answered: the stream must not fall silent behind it.
+    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=0.3)
+    await watch.start()
+    try:
+        job_id = (await submit(store)).job.job_id
+        frames: list[bytes] = []
+
+        async def follow() -> None:
+            async for frame in watch.frames(job_id, after=0):
+                frames.append(frame)
+
+        following = asyncio.create_task(follow())
+        await _until(lambda: len(frames) == 1)
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute("LOCK TABLE workflow_run_progress IN ACCESS EXCLUSIVE MODE")
+            await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+            await holder.rollback()
+        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
+        await asyncio.wait_for(following, timeout=10)
+        assert b"event: end" in frames[-1]
+    finally:
+        await watch.stop()

@@ -10,16 +10,17 @@ that the broker did not ack.
 
 Faults are told apart in one place, ``classify_fault``:
 
-* transient (broker or registry unreachable, timeouts, no leader, anything not
-  known to be the record's own fault): the row spends no attempt and is handed
-  back. When nothing of a pass went out, the relay backs off (capped,
-  jittered, exponential in the passes that failed in a row) and a NOTIFY does
-  not cut the pause short; when some rows went out, only the faulted rows
-  wait out the pause and the relay carries on with the rest.
-* permanent (the record is too large for the topic, the registry refuses the
-  schema as incompatible, the payload cannot be serialized): the row is FAILED
-  at once with the reason, logged at ERROR with its id and job id, and holds
-  back the later rows of its job until an operator redrives it.
+* transient (broker or registry unreachable, a schema the registry refuses,
+  timeouts, no leader, anything not known to be the record's own fault): the
+  row spends no attempt and is handed back. When nothing of a pass went out,
+  the relay backs off (capped, jittered, exponential in the passes that failed
+  in a row) and a NOTIFY does not cut the pause short; when some rows went
+  out, only the faulted rows wait out the pause and the relay carries on with
+  the rest.
+* permanent (the record is too large for the topic, the payload cannot be
+  serialized): the row is FAILED at once with the reason, logged at ERROR with
+  its id and job id, and holds back the later rows of its job until an
+  operator redrives it.
 
 Per-job order: one job's rows come in id order within a batch, they share a key
 and so a partition, and the producer is idempotent with at most five requests in
@@ -110,19 +111,18 @@ _PERMANENT_KAFKA_CODES = frozenset(
 # batched with a large one gets the large one's refusal; such rows are sent
 # again one by one before any of them is judged.
 _SIZE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
-# The registry's answers about the schema itself: 409 incompatible with the
-# subject's history, 422 not a valid schema.
-_PERMANENT_REGISTRY_STATUSES = frozenset({409, 422})
 
 
 def classify_fault(error: KafkaError | BaseException) -> Fault:
     """Transient or permanent: the one place that decides whether a row is dead.
 
     Permanent only when the fault is known to be the record's own (its size,
-    its bytes, a schema the registry refuses). Everything else, from a broker
-    that does not answer to a missing ACL or an unknown error code, is
-    transient: the row waits and the relay's health says it is stuck, so an
-    operator can fix the cause without losing a single event.
+    its bytes). Everything else, from a broker that does not answer to a
+    missing ACL, an unknown error code or a registry that refuses the schema
+    (the same schema for every event: an incompatible change or a registry
+    rule is the deployment's to fix), is transient: the row waits and the
+    relay's health says it is stuck, so an operator can fix the cause without
+    losing a single event.
     """
     if isinstance(error, KafkaException):
         inner = error.args[0] if error.args else None
@@ -133,8 +133,6 @@ def classify_fault(error: KafkaError | BaseException) -> Fault:
             return Fault.TRANSIENT
         return Fault.PERMANENT if error.code() in _PERMANENT_KAFKA_CODES else Fault.TRANSIENT
     if isinstance(error, SchemaRegistryError):
-        if error.http_status_code in _PERMANENT_REGISTRY_STATUSES:
-            return Fault.PERMANENT
         return Fault.TRANSIENT
     if isinstance(
         error, InvalidArgument | ContractViolation | ProtobufError | ValueError | TypeError

@@ -8,6 +8,7 @@ in-library ``mock://`` registry.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -15,6 +16,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -37,6 +39,7 @@ from store.records import Lease
 from streams.listener import Listener
 from streams.relay import OutboxRelay, Publish, build_relay, producer_config
 from streams.settings import Settings
+from tests.http_stub import serving
 
 pytestmark = pytest.mark.kafka
 
@@ -325,6 +328,63 @@ async def test_a_registry_that_never_answers_is_an_outage_the_relay_reports(
         health = relay.health()
         assert health.summary.startswith("retrying after: schema registry"), health.summary
     await relay.stop()
+
+
+class _RefusingRegistry(BaseHTTPRequestHandler):
+    """A registry that takes the compatibility level and refuses the schema, 409."""
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._answer(404, {"error_code": 40408, "message": "Subject has no level"})
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._answer(200, {"compatibility": "BACKWARD"})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._answer(409, {"error_code": 409, "message": "Schema is incompatible"})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+async def test_a_registry_refusing_the_schema_dead_letters_no_event(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # The schema is the deployment's, the same for every event: refused, it is
+    # fixed by an operator, and until then every row waits, none is FAILED.
+    topic = new_topic(kafka_bootstrap)
+    with serving(_RefusingRegistry) as url:
+        settings = Settings.from_env(
+            {
+                "DATABASE_URL": store.dsn,
+                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "WFJOBS_SCHEMA_REGISTRY_URL": url,
+                "WFJOBS_EVENTS_TOPIC": topic,
+                "WFJOBS_WORKER_ID": "relay-test",
+            }
+        )
+        relay = build_relay(settings, store.outbox)
+        jobs = [await run_job(store, steps=0, finish=False) for _ in range(3)]
+        for _ in range(2):
+            result = await relay.relay_once()
+            assert (result.transient, result.failed, result.published) == (3, 0, 0), result
+        await relay.stop()
+    for job_id in jobs:
+        [record] = await store.outbox.events_for(job_id)
+        assert (record.status, record.attempts) == ("PENDING", 0)
+        assert record.last_error and "409" in record.last_error, record.last_error
+    health = relay.health()
+    assert health.summary.startswith("retrying after: schema registry"), health.summary
+    assert "incompatible" in health.summary
 
 
 async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(

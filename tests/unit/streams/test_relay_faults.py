@@ -60,8 +60,9 @@ def test_a_fatal_producer_error_is_transient_because_a_new_producer_sends_again(
 @pytest.mark.parametrize(
     ("status", "fault"),
     [
-        (409, Fault.PERMANENT),  # incompatible with the subject's history
-        (422, Fault.PERMANENT),  # not a valid schema
+        # The schema, not the record: the same for every event, the deployment's to fix.
+        (409, Fault.TRANSIENT),  # incompatible with the subject's history
+        (422, Fault.TRANSIENT),  # not a valid schema, or a level the registry refuses
         (500, Fault.TRANSIENT),
         (503, Fault.TRANSIENT),
         (401, Fault.TRANSIENT),  # credentials: configuration, not the record

@@ -337,7 +337,7 @@ class OutboxRelay(mode.Service):
                     # A store outage must not end the worker: log it and try
                     # again after a growing pause.
                     self.stats.errors += 1
-                    self._note_blocked(f"{type(exc).__name__}: {exc}")
+                    self._note_blocked(f"{type(exc).__name__}: {exc}", since=began)
                     log.exception(
                         "%s: pass failed (%d in a row)", self._name, self.stats.failing_passes
                     )
@@ -431,18 +431,19 @@ class OutboxRelay(mode.Service):
                 ]
             return outcomes
 
-        self._store_asked_at = time.monotonic()
+        began = self._store_asked_at = time.monotonic()
         try:
             result = await self._outbox.relay_batch(publish, self._batch, owner=self._name)
         finally:
             self._store_asked_at = None
         self.stats.passes += 1
-        self._record(result)
+        self._record(result, began)
         if not result.fetched and self._blocked_since is not None:
             await self._unblock_unless_rows_wait()
         return result
 
-    def _record(self, result: RelayResult) -> None:
+    def _record(self, result: RelayResult, began: float) -> None:
+        """What the pass that began at ``began`` (monotonic) did, for stats and health."""
         self.stats.published += result.published
         self.stats.failed += result.failed
         self.stats.transient += result.transient
@@ -473,13 +474,14 @@ class OutboxRelay(mode.Service):
         if result.transient:
             self._last_pass_ok = False
             if not result.published:
-                self._note_blocked(self._last_error or "transient publish fault")
+                self._note_blocked(self._last_error or "transient publish fault", since=began)
         elif result.lost and not result.published and not result.failed:
             # Sent, then found another relay's: relays whose passes all outlast
             # their lease send the same rows again and again, marking none.
             self._note_blocked(
                 f"the lease on all {result.lost} row(s) of the pass ran out before it "
-                "settled: passes take longer than WFJOBS_RELAY_LEASE_S"
+                "settled: passes take longer than WFJOBS_RELAY_LEASE_S",
+                since=began,
             )
         elif result.fetched:
             self._last_pass_ok = True
@@ -506,12 +508,15 @@ class OutboxRelay(mode.Service):
             self.stats.failing_passes = 0
             self._blocked_since = None
 
-    def _note_blocked(self, error: str) -> None:
+    def _note_blocked(self, error: str, *, since: float) -> None:
+        """A pass that began at ``since`` published nothing: the relay has been
+        unable to publish from then on, not only from when the pass gave up
+        (a broker that is away takes a whole message timeout to say so)."""
         self.stats.failing_passes += 1
         self._last_error = error
         self._last_pass_ok = False
         if self._blocked_since is None:
-            self._blocked_since = time.monotonic()
+            self._blocked_since = since
 
     async def _read_backlog(self) -> None:
         now = time.monotonic()

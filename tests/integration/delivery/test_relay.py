@@ -298,6 +298,34 @@ async def test_an_unreachable_broker_spends_no_attempt_and_fails_nothing(
     assert (record.status, record.attempts) == ("PUBLISHED", 1)
 
 
+async def test_unable_to_publish_counts_from_the_start_of_the_first_pass_that_failed(
+    store: Store,
+) -> None:
+    # The first pass waits out the whole message timeout before it learns the
+    # broker is away; those seconds are already time the relay could not publish.
+    relay = OutboxRelay(
+        store.outbox,
+        producer_config=producer_config(
+            f"127.0.0.1:{free_port()}",
+            {"reconnect.backoff.max.ms": 100},
+            message_timeout_ms=2000,
+        ),
+        topic="workflow-run-events",
+        serializer=event_serializer(registry=None, topic="workflow-run-events"),
+        stuck_after_s=1.5,
+    )
+    await run_job(store, steps=0, finish=False)
+    started = time.monotonic()
+    result = await relay.relay_once()
+    assert (result.transient, result.published) == (1, 0)
+    assert time.monotonic() - started > 1.5
+    part = relay.health()
+    await relay.stop()
+    assert not part.healthy, part
+    assert part.summary.startswith("cannot publish for"), part.summary
+    assert part.detail["unable_to_publish_s"] >= 1.5, part
+
+
 async def test_a_registry_that_never_answers_is_an_outage_the_relay_reports(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -59,6 +59,11 @@ class AttemptClock:
         self._what = what
         self._stuck_after_s = stuck_after_s
         self._started_at: float | None = None
+        # Since when one message has kept failing, each try answered at once
+        # (not an outage it waits out): a dead letter the broker refuses for
+        # good is tried again forever, and its partition waits behind it.
+        self._failing_since: float | None = None
+        self._failing = ("", "")
 
     @contextlib.contextmanager
     def attempt(self) -> Iterator[None]:
@@ -68,15 +73,37 @@ class AttemptClock:
         finally:
             self._started_at = None
 
+    def failed(self, what: str, why: str) -> None:
+        """A try at ``what`` (the message in hand) failed, ``why``."""
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._failing = (what, why)
+
+    def done(self) -> None:
+        """The message in hand is handled: it fails no more."""
+        self._failing_since = None
+        self._failing = ("", "")
+
     def health(self, detail_key: str) -> PartHealth:
+        now = time.monotonic()
         since = self._started_at
-        waiting_for = time.monotonic() - since if since is not None else 0.0
+        waiting_for = now - since if since is not None else 0.0
         hung = waiting_for > self._stuck_after_s
+        failing_since = self._failing_since
+        failing_for = now - failing_since if failing_since is not None else 0.0
+        failing = failing_for > self._stuck_after_s
+        detail = {detail_key: round(waiting_for, 3)}
+        if failing_since is not None:
+            detail["failing_s"] = round(failing_for, 3)
+        if hung:
+            summary = f"{self._what} has waited {waiting_for:.0f}s for an answer"
+        elif failing:
+            what, why = self._failing
+            summary = f"{what} has failed for {failing_for:.0f}s: {why}"
+        else:
+            summary = "ok"
         return PartHealth(
-            self._part,
-            healthy=not hung,
-            summary=f"{self._what} has waited {waiting_for:.0f}s for an answer" if hung else "ok",
-            detail={detail_key: round(waiting_for, 3)},
+            self._part, healthy=not hung and not failing, summary=summary, detail=detail
         )
 
 

@@ -206,8 +206,17 @@ class RequestHandler:
 
     def health(self) -> PartHealth:
         """Stuck while one attempt has waited past the bound for the store, registry or
-        broker. An outage or a full backlog is retried in place, which is not stuck."""
+        broker, or one request has kept failing that long (its dead letter refused).
+        An outage or a full backlog is retried in place, which is not stuck."""
         return self._clock.health("request_waiting_s")
+
+    def failed(self, why: str) -> None:
+        """A try at the request in hand failed, not for an outage."""
+        self._clock.failed("a request", why)
+
+    def done(self) -> None:
+        """The request in hand is handled."""
+        self._clock.done()
 
     def _decode(self, value: bytes | None) -> Decoded | str:
         """The request and its input, or why it goes to the dead-letter topic."""
@@ -317,36 +326,42 @@ async def handle_until_done(
     backoff = Backoff(base_s, max(base_s, cap_s))
     defects = 0
     last_defect = ""
-    while True:
-        try:
-            if defects >= max_defects:
-                return await handler.reject(
-                    key,
-                    value,
-                    f"internal error while handling the request: {last_defect}",
-                    position,
-                )
-            return await handler.handle(key, value, trace, position=position)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            pause = backoff.next()
-            failures = backoff.failures
-            if worth_waiting_out(exc):
-                log.warning(
-                    "request not handled (%s: %s); retrying in %.1fs (failure %d)",
-                    type(exc).__name__,
-                    exc,
-                    pause,
-                    failures,
-                )
-            else:
-                defects += 1
-                last_defect = f"{type(exc).__name__}: {exc}"
-                log.exception(
-                    "request not handled; retrying in %.1fs (failure %d)", pause, failures
-                )
-        await asyncio.sleep(pause)
+    try:
+        while True:
+            try:
+                if defects >= max_defects:
+                    return await handler.reject(
+                        key,
+                        value,
+                        f"internal error while handling the request: {last_defect}",
+                        position,
+                    )
+                return await handler.handle(key, value, trace, position=position)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                pause = backoff.next()
+                failures = backoff.failures
+                if worth_waiting_out(exc):
+                    log.warning(
+                        "request not handled (%s: %s); retrying in %.1fs (failure %d)",
+                        type(exc).__name__,
+                        exc,
+                        pause,
+                        failures,
+                    )
+                else:
+                    defects += 1
+                    last_defect = f"{type(exc).__name__}: {exc}"
+                    # Past its few tries even the dead letter may be refused
+                    # (for good, say by an ACL): health says so once it lasts.
+                    handler.failed(last_defect)
+                    log.exception(
+                        "request not handled; retrying in %.1fs (failure %d)", pause, failures
+                    )
+            await asyncio.sleep(pause)
+    finally:
+        handler.done()
 
 
 async def handle_batch_until_done(

@@ -16,6 +16,7 @@ import pytest
 from aiokafka.errors import (
     KafkaTimeoutError,  # type: ignore[import-untyped]
     MessageSizeTooLargeError,
+    TopicAuthorizationFailedError,
 )
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.exceptions import ProducerSendError
@@ -353,3 +354,39 @@ async def test_a_submit_that_waits_on_the_store_past_the_bound_makes_the_agent_u
     assert outcome.kind == "submitted"
     health = handler.health()
     assert health.healthy and health.detail["request_waiting_s"] == 0
+
+
+async def test_a_dead_letter_the_broker_refuses_for_good_makes_the_agent_unhealthy(
+    runtime: Runtime, letters: Letters
+) -> None:
+    # A dead-letter topic that refuses every write (an ACL, a topic deleted with
+    # auto-creation off) holds the request, and its partition behind it, for good.
+    refusing = True
+
+    async def refused_then_taken(key: bytes | None, value: bytes | None, reason: str) -> None:
+        if refusing:
+            raise TopicAuthorizationFailedError()
+        await letters(key, value, reason)
+
+    handler = RequestHandler(
+        runtime,
+        decoder=RequestDecoder(),
+        dead_letter=refused_then_taken,
+        topic="t",
+        stuck_after_s=0.5,
+    )
+    handling = asyncio.ensure_future(
+        handle_until_done(handler, b"k", b"not a request", base_s=0.01, cap_s=0.05)
+    )
+    await asyncio.sleep(0.2)
+    assert handler.health().healthy
+    await asyncio.sleep(0.6)
+    health = handler.health()
+    assert not handling.done()
+    assert not health.healthy, health
+    assert health.summary.startswith("a request has failed for"), health.summary
+    assert "TopicAuthorizationFailedError" in health.summary, health.summary
+    refusing = False
+    outcome = await asyncio.wait_for(handling, timeout=5)
+    assert outcome.kind == "dead_lettered"
+    assert handler.health().healthy

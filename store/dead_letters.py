@@ -1,10 +1,9 @@
 """The outbox's dead letters: list FAILED rows and send them round again.
 
-A row the broker or the registry refused for good (a record larger than the
-topic allows, a schema refused as incompatible, a payload that cannot be
-serialized) becomes FAILED at once and stays there; an outage never fails a
-row, however long it lasts. Once the cause is fixed (the topic's limit
-raised, the schema made compatible), an operator redrives it: FAILED goes
+A row the broker refused for good (a record larger than the topic allows) or
+that cannot be serialized becomes FAILED at once and stays there; an outage,
+or a schema the registry refuses, never fails a row, however long it lasts.
+Once the cause is fixed (the topic's limit raised), an operator redrives it: FAILED goes
 back to PENDING with its attempts reset, ``last_error`` kept so the row still
 tells what happened, and a NOTIFY wakes the relays at once. Only FAILED rows
 are ever touched, so a redrive can neither republish a PUBLISHED row nor

@@ -130,9 +130,18 @@ class CompletionHandler:
         return _answer(completion, Outcome.INVALID, f"internal error while completing: {error}")
 
     def health(self) -> PartHealth:
-        """Stuck while one attempt has waited past the bound for the store or registry.
-        An outage is retried in place, which is not stuck."""
+        """Stuck while one attempt has waited past the bound for the store or registry,
+        or one completion has kept failing that long (its answer refused). An
+        outage is retried in place, which is not stuck."""
         return self._clock.health("completion_waiting_s")
+
+    def failed(self, why: str) -> None:
+        """A try at the completion in hand failed, not for an outage."""
+        self._clock.failed("a completion", why)
+
+    def done(self) -> None:
+        """The completion in hand is answered."""
+        self._clock.done()
 
     def _decode(
         self, value: bytes | None
@@ -228,32 +237,38 @@ async def answer_until_done(
     defects = 0
     last_defect = ""
     result: StepCompletionResult | None = None
-    while True:
-        try:
-            if result is None:
-                if defects >= max_defects:
-                    result = await handler.internal_error(value, last_defect)
+    try:
+        while True:
+            try:
+                if result is None:
+                    if defects >= max_defects:
+                        result = await handler.internal_error(value, last_defect)
+                    else:
+                        result = await handler.handle(value)
+                key = result.job_id.encode() if result.job_id else b""
+                await publish(key, await encoder.encode(result))
+                return result
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                pause = backoff.next()
+                if worth_waiting_out(exc):
+                    log.warning(
+                        "completion not answered (%s: %s); retrying in %.1fs",
+                        type(exc).__name__,
+                        exc,
+                        pause,
+                    )
                 else:
-                    result = await handler.handle(value)
-            key = result.job_id.encode() if result.job_id else b""
-            await publish(key, await encoder.encode(result))
-            return result
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            pause = backoff.next()
-            if worth_waiting_out(exc):
-                log.warning(
-                    "completion not answered (%s: %s); retrying in %.1fs",
-                    type(exc).__name__,
-                    exc,
-                    pause,
-                )
-            else:
-                defects += 1
-                last_defect = f"{type(exc).__name__}: {exc}"
-                log.exception("completion not answered; retrying in %.1fs", pause)
-        await asyncio.sleep(pause)
+                    defects += 1
+                    last_defect = f"{type(exc).__name__}: {exc}"
+                    # An answer the broker refuses for good is tried again
+                    # forever: health says so once it lasts.
+                    handler.failed(last_defect)
+                    log.exception("completion not answered; retrying in %.1fs", pause)
+            await asyncio.sleep(pause)
+    finally:
+        handler.done()
 
 
 def register_completions_agent(app: faust.App, runtime: Runtime) -> None:

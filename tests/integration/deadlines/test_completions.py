@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from aiohttp.test_utils import TestClient
+from aiokafka.errors import TopicAuthorizationFailedError  # type: ignore[import-untyped]
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.exceptions import ProducerSendError
 from psycopg import AsyncConnection
@@ -324,3 +325,43 @@ async def test_a_completion_that_keeps_hitting_a_defect_is_answered_invalid_with
     [(key, value)] = sent
     assert key == job_id.encode() and StepCompletionResult.FromString(value) == result
     assert (await app[1].require_runs().get(job_id)).status == "WAITING"
+
+
+async def test_a_result_the_broker_refuses_for_good_makes_the_agent_unhealthy(app: App) -> None:
+    # A results topic that refuses every write (an ACL, a topic deleted with
+    # auto-creation off) holds the completion, and its partition behind it, for good.
+    _, runtime = app
+    handler = CompletionHandler(
+        runtime, decoder=MessageDecoder(StepCompletion, topic="t"), stuck_after_s=0.5
+    )
+    job_id = await _parked(app)
+    refusing = True
+    sent: list[tuple[bytes, bytes]] = []
+
+    async def publish(key: bytes, value: bytes) -> None:
+        if refusing:
+            raise TopicAuthorizationFailedError()
+        sent.append((key, value))
+
+    answering = asyncio.ensure_future(
+        answer_until_done(
+            handler,
+            ResultEncoder(None, "results"),
+            publish,
+            completion(job_id),
+            base_s=0.01,
+            cap_s=0.05,
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert handler.health().healthy
+    await asyncio.sleep(0.6)
+    health = handler.health()
+    assert not answering.done()
+    assert not health.healthy, health
+    assert health.summary.startswith("a completion has failed for"), health.summary
+    assert "TopicAuthorizationFailedError" in health.summary, health.summary
+    refusing = False
+    result = await asyncio.wait_for(answering, timeout=5)
+    assert result.outcome == Outcome.COMPLETED and len(sent) == 1
+    assert handler.health().healthy

@@ -328,8 +328,8 @@ async def test_a_completion_that_keeps_hitting_a_defect_is_answered_invalid_with
 
 
 async def test_a_result_the_broker_refuses_for_good_makes_the_agent_unhealthy(app: App) -> None:
-    # A results topic that refuses every write (an ACL, a topic deleted with
-    # auto-creation off) holds the completion, and its partition behind it, for good.
+    # A results topic the worker may not write to (no ACL for it) holds the
+    # completion, and its partition behind it, for good.
     _, runtime = app
     handler = CompletionHandler(
         runtime, decoder=MessageDecoder(StepCompletion, topic="t"), stuck_after_s=0.5

@@ -359,8 +359,8 @@ async def test_a_submit_that_waits_on_the_store_past_the_bound_makes_the_agent_u
 async def test_a_dead_letter_the_broker_refuses_for_good_makes_the_agent_unhealthy(
     runtime: Runtime, letters: Letters
 ) -> None:
-    # A dead-letter topic that refuses every write (an ACL, a topic deleted with
-    # auto-creation off) holds the request, and its partition behind it, for good.
+    # A dead-letter topic the worker may not write to (no ACL for it) holds the
+    # request, and its partition behind it, for good.
     refusing = True
 
     async def refused_then_taken(key: bytes | None, value: bytes | None, reason: str) -> None:

@@ -115,6 +115,7 @@ class KafkaSecurity:
     # The variables the credentials came from, for error messages.
     username_env: str = "WFJOBS_KAFKA_SASL_USERNAME"
     password_env: str = "WFJOBS_KAFKA_SASL_PASSWORD"
+    key_password_env: str = "WFJOBS_KAFKA_SSL_KEY_PASSWORD"
 
     @property
     def uses_sasl(self) -> bool:
@@ -164,9 +165,9 @@ class KafkaSecurity:
         context = ssl.create_default_context(cafile=self.ca_file or None)
         context.check_hostname = self.check_hostname
         if self.cert_file:
-            context.load_cert_chain(
-                self.cert_file, self.key_file, password=self.key_password or None
-            )
+            # Always a password, if only an empty one: without it OpenSSL asks
+            # for an encrypted key's on the terminal, and the process waits there.
+            context.load_cert_chain(self.cert_file, self.key_file, password=self.key_password)
         return context
 
     def aiokafka(self) -> dict[str, Any]:
@@ -306,7 +307,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
     username, username_env = _secret(settings, "kafka_sasl_username")
     password, password_env = _secret(settings, "kafka_sasl_password")
     client_secret, _ = _secret(settings, "kafka_oauth_client_secret")
-    key_password, _ = _secret(settings, "kafka_ssl_key_password")
+    key_password, key_password_env = _secret(settings, "kafka_ssl_key_password")
     sasl = protocol.startswith("SASL_")
     tls = protocol in {"SSL", "SASL_SSL"}
 
@@ -387,6 +388,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         properties=pass_through_properties(settings),
         username_env=username_env,
         password_env=password_env,
+        key_password_env=key_password_env,
     )
 
 
@@ -468,11 +470,31 @@ def check(settings: Settings) -> None:
     try:
         security.ssl_context()
     except (ssl.SSLError, OSError) as exc:
+        if security.cert_file and _is_encrypted_key(security.key_file):
+            if not security.key_password:
+                raise SecuritySettingsError(
+                    "WFJOBS_KAFKA_SSL_KEY_FILE holds an encrypted key: set "
+                    "WFJOBS_KAFKA_SSL_KEY_PASSWORD or WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE"
+                ) from None
+            raise SecuritySettingsError(
+                f"{security.key_password_env} does not open the encrypted key in "
+                f"WFJOBS_KAFKA_SSL_KEY_FILE, or that key is not WFJOBS_KAFKA_SSL_CERT_FILE's: {exc}"
+            ) from None
         raise SecuritySettingsError(
             "WFJOBS_KAFKA_SSL_CA_FILE, WFJOBS_KAFKA_SSL_CERT_FILE, WFJOBS_KAFKA_SSL_KEY_FILE: "
             f"not usable as PEM files: {exc}"
         ) from None
     registry_config(settings)
+
+
+def _is_encrypted_key(path: str) -> bool:
+    """Whether the PEM file at ``path`` holds a key that takes a password: PKCS#8's
+    ``ENCRYPTED PRIVATE KEY`` or the traditional form's ``Proc-Type: 4,ENCRYPTED``."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError:
+        return False
+    return b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in text or b"Proc-Type: 4,ENCRYPTED" in text
 
 
 def _secret(settings: Settings, attribute: str) -> tuple[str, str]:

@@ -37,7 +37,7 @@ class ServerCertificates:
 
 @dataclass(frozen=True)
 class ClientCertificate:
-    """A client's certificate and its private key (PKCS#8, unencrypted)."""
+    """A client's certificate and its private key (PKCS#8, encrypted only if asked)."""
 
     certificate_file: Path
     key_file: Path
@@ -136,9 +136,15 @@ def make_server_certificates(
 
 
 def make_client_certificate(
-    ca: ServerCertificates, directory: Path, *, common_name: str, days: int = 2
+    ca: ServerCertificates,
+    directory: Path,
+    *,
+    common_name: str,
+    days: int = 2,
+    key_password: str | None = None,
 ) -> ClientCertificate:
-    """A certificate for TLS client authentication as ``common_name``, signed by ``ca``."""
+    """A certificate for TLS client authentication as ``common_name``, signed by ``ca``;
+    its key encrypted with ``key_password`` when one is given."""
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_cert = x509.load_pem_x509_certificate(ca.ca_file.read_bytes())
@@ -164,14 +170,17 @@ def make_client_certificate(
     certificate_file = directory / f"{common_name}.crt.pem"
     key_file = directory / f"{common_name}.key.pem"
     certificate_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(_private_pem(key))
+    key_file.write_bytes(_private_pem(key, key_password))
     key_file.chmod(0o600)
     return ClientCertificate(certificate_file=certificate_file, key_file=key_file)
 
 
-def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def _private_pem(key: ec.EllipticCurvePrivateKey, password: str | None = None) -> bytes:
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.NoEncryption()
+        if password is None
+        else serialization.BestAvailableEncryption(password.encode())
+    )
     return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
     )

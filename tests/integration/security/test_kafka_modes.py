@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from devstack.apache_kafka import ApacheKafkaService
 from devstack.postgres import PostgresService
@@ -38,9 +38,14 @@ from store.outbox import Outbox
 from store.pool import Pool, open_pool
 from store.tokens import create_token
 from streams.auth import SCOPES
+from streams.broker import BrokerConnection
 from streams.kafka_security import librdkafka_config
 from streams.settings import Settings
-from tests.certificates import make_client_certificate, make_server_certificates
+from tests.certificates import (
+    ServerCertificates,
+    make_client_certificate,
+    make_server_certificates,
+)
 from tests.e2e.harness import self_provisioning_worker, wait_until
 from tests.e2e.test_sasl import _ready, refused_worker
 from tests.forkserver import ForkServer
@@ -60,6 +65,8 @@ class ModesBroker:
     settings: Mapping[str, Mapping[str, str]]
     # Per mode: those settings with a credential the broker refuses, and its name.
     refused: Mapping[str, tuple[Mapping[str, str], str]]
+    # The CA the MTLS listener trusts client certificates of.
+    certs: ServerCertificates
 
 
 def _unsigned_jwt(claims: Mapping[str, Any]) -> str:
@@ -160,6 +167,7 @@ def modes_broker(tmp_path_factory: pytest.TempPathFactory, token_url: str) -> It
                     "WFJOBS_KAFKA_SASL_PASSWORD",
                 ),
             },
+            certs=certs,
         )
 
 
@@ -284,6 +292,37 @@ async def test_a_job_submitted_over_http_completes_and_its_events_are_relayed(
     assert written
     keys = await asyncio.to_thread(_read_events, mode_stack.settings, job_id, len(written))
     assert len(keys) == len(written)
+
+
+async def test_a_client_certificate_with_an_encrypted_key_opens_with_its_password(
+    modes_broker: ModesBroker, tmp_path: Path
+) -> None:
+    # The MTLS listener requires a client certificate, so every client must
+    # have opened the key with WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE to get in.
+    client = make_client_certificate(
+        modes_broker.certs, tmp_path, common_name="wfjobs-encrypted", key_password="key-secret"
+    )
+    (tmp_path / "key-password").write_text("key-secret\n")
+    settings = Settings.from_env(
+        {
+            **modes_broker.settings["ssl-mtls"],
+            "WFJOBS_KAFKA_SSL_CERT_FILE": str(client.certificate_file),
+            "WFJOBS_KAFKA_SSL_KEY_FILE": str(client.key_file),
+            "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE": str(tmp_path / "key-password"),
+        }
+    )
+    probe = BrokerConnection(
+        None,  # type: ignore[arg-type]  # the probe alone starts nothing of the app
+        ",".join(settings.kafka_servers),
+        retry_max_s=1.0,
+        security=settings.kafka_security(),
+    )
+    assert await probe.broker_answers()
+
+    topic = f"encrypted-key-{uuid.uuid4().hex[:8]}"
+    producer = Producer({**settings.kafka_client_config(), "message.timeout.ms": 20000})
+    producer.produce(topic, key=b"k", value=b"with an encrypted key")
+    assert await asyncio.to_thread(producer.flush, 25) == 0
 
 
 # Only PLAIN: a client certificate the broker refuses reaches the worker as a

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
 import ssl
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler
@@ -16,7 +22,7 @@ from typing import Any, cast
 import faust
 import pytest
 from aiokafka.errors import SaslAuthenticationFailed
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 from faust.types.auth import AuthProtocol, SASLMechanism
 
 from schemas.contract import WorkflowRunRequest
@@ -31,7 +37,12 @@ from streams.kafka_security import (
 from streams.relay import build_relay
 from streams.request_agent import RequestHandler
 from streams.settings import Settings, SettingsError
-from tests.certificates import ServerCertificates, make_server_certificates
+from tests.certificates import (
+    ClientCertificate,
+    ServerCertificates,
+    make_client_certificate,
+    make_server_certificates,
+)
 from tests.http_stub import serving
 
 SCRAM = {
@@ -229,6 +240,108 @@ def test_a_file_that_is_not_pem_is_refused_at_start(tmp_path: Path) -> None:
     bogus.write_text("not a certificate")
     with pytest.raises(SettingsError, match="WFJOBS_KAFKA_SSL_CA_FILE"):
         settings({**SCRAM, "WFJOBS_KAFKA_SSL_CA_FILE": str(bogus)})
+
+
+KEY_PASSWORD = "key-secret"
+
+
+@pytest.fixture(scope="module")
+def encrypted_client(
+    certs: ServerCertificates, tmp_path_factory: pytest.TempPathFactory
+) -> ClientCertificate:
+    return make_client_certificate(
+        certs, tmp_path_factory.mktemp("client"), common_name="worker", key_password=KEY_PASSWORD
+    )
+
+
+def mutual_tls(certs: ServerCertificates, client: ClientCertificate) -> dict[str, str]:
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": "k:9093",
+        "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "WFJOBS_KAFKA_SSL_CA_FILE": str(certs.ca_file),
+        "WFJOBS_KAFKA_SSL_CERT_FILE": str(client.certificate_file),
+        "WFJOBS_KAFKA_SSL_KEY_FILE": str(client.key_file),
+    }
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_an_encrypted_key_opens_with_its_password_in_every_client(
+    certs: ServerCertificates, encrypted_client: ClientCertificate, tmp_path: Path, from_file: bool
+) -> None:
+    if from_file:
+        secret = tmp_path / "key-password"
+        secret.write_text(KEY_PASSWORD + "\n")
+        given = {"WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE": str(secret)}
+    else:
+        given = {"WFJOBS_KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD}
+    mutual = settings({**mutual_tls(certs, encrypted_client), **given})
+    config = mutual.kafka_client_config()
+    assert config["ssl.key.password"] == KEY_PASSWORD
+    # librdkafka reads the key when a client is made: it must open with the password.
+    Producer(config).flush(0)
+    security = mutual.kafka_security()
+    assert isinstance(security.aiokafka()["ssl_context"], ssl.SSLContext)
+    assert isinstance(security.faust_credentials(), faust.SSLCredentials)
+
+
+def test_a_wrong_key_password_is_refused_naming_it(
+    certs: ServerCertificates, encrypted_client: ClientCertificate, tmp_path: Path
+) -> None:
+    env = mutual_tls(certs, encrypted_client)
+    with pytest.raises(SettingsError, match="WFJOBS_KAFKA_SSL_KEY_PASSWORD does not open"):
+        settings({**env, "WFJOBS_KAFKA_SSL_KEY_PASSWORD": "not-it"})
+    (tmp_path / "key-password").write_text("not-it")
+    with pytest.raises(SettingsError, match="WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE does not open"):
+        settings({**env, "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE": str(tmp_path / "key-password")})
+
+
+# Checks the settings of an encrypted key without its password, in a process
+# whose controlling terminal is ``pty``: nothing may ask for the password there.
+_WITHOUT_PASSWORD = """
+import fcntl, json, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+from streams.settings import Settings, SettingsError
+try:
+    Settings.from_env(json.loads(sys.argv[1]))
+except SettingsError as exc:
+    print("refused:", exc.message, flush=True)
+"""
+
+
+def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
+    certs: ServerCertificates, encrypted_client: ClientCertificate
+) -> None:
+    controller, terminal = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WITHOUT_PASSWORD, json.dumps(mutual_tls(certs, encrypted_client))],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
+    )
+    os.close(terminal)
+    said = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"refused:" not in said and time.monotonic() < deadline:
+            if b"pass phrase" in said:
+                break
+            readable, _, _ = select.select([controller], [], [], 0.2)
+            if readable:
+                try:
+                    said += os.read(controller, 4096)
+                except OSError:  # the child is gone and the terminal with it
+                    break
+    finally:
+        child.kill()
+        child.wait()
+        os.close(controller)
+    assert b"pass phrase" not in said, said
+    assert (
+        b"refused: WFJOBS_KAFKA_SSL_KEY_FILE holds an encrypted key: set "
+        b"WFJOBS_KAFKA_SSL_KEY_PASSWORD or WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE"
+    ) in said, said
 
 
 # --------------------------------------------------------------------------- OAUTHBEARER

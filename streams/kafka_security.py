@@ -95,6 +95,8 @@ class OAuthClient:
     client_id: str
     client_secret: str = field(repr=False)
     scope: str = ""
+    # The variable the secret came from, for error messages.
+    secret_env: str = "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET"
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ class KafkaSecurity:
         detail = _error_text(error)
         if _is_authentication_failure(error):
             if self.oauth is not None:
-                names = "WFJOBS_KAFKA_OAUTH_CLIENT_ID and WFJOBS_KAFKA_OAUTH_CLIENT_SECRET"
+                names = f"WFJOBS_KAFKA_OAUTH_CLIENT_ID and {self.oauth.secret_env}"
                 who = f"client {self.oauth.client_id!r}"
             else:
                 names = f"{self.username_env} and {self.password_env}"
@@ -306,7 +308,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         )
     username, username_env = _secret(settings, "kafka_sasl_username")
     password, password_env = _secret(settings, "kafka_sasl_password")
-    client_secret, _ = _secret(settings, "kafka_oauth_client_secret")
+    client_secret, client_secret_env = _secret(settings, "kafka_oauth_client_secret")
     key_password, key_password_env = _secret(settings, "kafka_ssl_key_password")
     sasl = protocol.startswith("SASL_")
     tls = protocol in {"SSL", "SASL_SSL"}
@@ -315,7 +317,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
     oauth_given = {
         "WFJOBS_KAFKA_OAUTH_TOKEN_URL": settings.kafka_oauth_token_url,
         "WFJOBS_KAFKA_OAUTH_CLIENT_ID": settings.kafka_oauth_client_id,
-        "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET": client_secret,
+        client_secret_env: client_secret,
         "WFJOBS_KAFKA_OAUTH_SCOPE": settings.kafka_oauth_scope,
     }
     sasl_given = {**password_given, **oauth_given}
@@ -323,7 +325,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         "WFJOBS_KAFKA_SSL_CA_FILE": settings.kafka_ssl_ca_file,
         "WFJOBS_KAFKA_SSL_CERT_FILE": settings.kafka_ssl_cert_file,
         "WFJOBS_KAFKA_SSL_KEY_FILE": settings.kafka_ssl_key_file,
-        "WFJOBS_KAFKA_SSL_KEY_PASSWORD": key_password,
+        key_password_env: key_password,
     }
     # A credential the protocol never sends is a mistake that would otherwise go unnoticed.
     for given, needed, kind in ((sasl_given, sasl, "SASL"), (tls_given, tls, "TLS")):
@@ -349,7 +351,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
             {
                 "WFJOBS_KAFKA_OAUTH_TOKEN_URL": settings.kafka_oauth_token_url,
                 "WFJOBS_KAFKA_OAUTH_CLIENT_ID": settings.kafka_oauth_client_id,
-                "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET": client_secret,
+                client_secret_env: client_secret,
             },
             "SASL mechanism OAUTHBEARER",
         )
@@ -363,6 +365,7 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
             client_id=settings.kafka_oauth_client_id,
             client_secret=client_secret,
             scope=settings.kafka_oauth_scope,
+            secret_env=client_secret_env,
         )
     elif sasl:
         _require({username_env: username, password_env: password}, f"SASL mechanism {mechanism}")
@@ -681,7 +684,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
             raise TokenError(
                 f"the token endpoint WFJOBS_KAFKA_OAUTH_TOKEN_URL={self._client.token_url} "
                 f"refused client {self._client.client_id!r} (HTTP {exc.code}): check "
-                "WFJOBS_KAFKA_OAUTH_CLIENT_ID and WFJOBS_KAFKA_OAUTH_CLIENT_SECRET",
+                f"WFJOBS_KAFKA_OAUTH_CLIENT_ID and {self._client.secret_env}",
                 refused=400 <= exc.code < 500,
             ) from None
         except (OSError, ValueError) as exc:

@@ -325,6 +325,28 @@ async def test_a_client_certificate_with_an_encrypted_key_opens_with_its_passwor
     assert await asyncio.to_thread(producer.flush, 25) == 0
 
 
+async def test_the_oauth_client_secret_may_come_from_a_file(
+    modes_broker: ModesBroker, tmp_path: Path
+) -> None:
+    oauth = dict(modes_broker.settings["sasl-plaintext-oauthbearer"])
+    secret_file = tmp_path / "client-secret"
+    secret_file.write_text(oauth.pop("WFJOBS_KAFKA_OAUTH_CLIENT_SECRET") + "\n")
+    settings = Settings.from_env(
+        {**oauth, "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE": str(secret_file)}
+    )
+    probe = BrokerConnection(
+        None,  # type: ignore[arg-type]
+        ",".join(settings.kafka_servers),
+        retry_max_s=1.0,
+        security=settings.kafka_security(),
+    )
+    assert await probe.broker_answers()
+    topic = f"secret-file-{uuid.uuid4().hex[:8]}"
+    producer = Producer({**settings.kafka_client_config(), "message.timeout.ms": 20000})
+    producer.produce(topic, key=b"k", value=b"with a token for the secret of the file")
+    assert await asyncio.to_thread(producer.flush, 25) == 0
+
+
 # Only PLAIN: a client certificate the broker refuses reaches the worker as a
 # closed connection, which it cannot tell from a broker that is down.
 @pytest.mark.parametrize("mode", ["sasl-plaintext-plain"])

@@ -102,6 +102,37 @@ async def test_the_broker_probe_connects_over_sasl_ssl(kafka_sasl: KafkaSasl) ->
     assert await probe.broker_answers()
 
 
+async def test_the_user_may_come_from_a_file_and_is_named_by_it_when_refused(
+    kafka_sasl: KafkaSasl, tmp_path: Path, topic: str
+) -> None:
+    user_file = tmp_path / "kafka-user"
+    user_file.write_text(kafka_sasl.username + "\n")
+    env = kafka_sasl.settings_env()
+    del env["WFJOBS_KAFKA_SASL_USERNAME"]
+    settings = Settings.from_env({**env, "WFJOBS_KAFKA_SASL_USERNAME_FILE": str(user_file)})
+    probe = BrokerConnection(
+        None,  # type: ignore[arg-type]
+        ",".join(settings.kafka_servers),
+        retry_max_s=1.0,
+        security=settings.kafka_security(),
+    )
+    assert await probe.broker_answers()
+    producer = Producer(dict(build_relay(settings, NoOutbox()).producer_config))
+    producer.produce(topic, key=b"k", value=b"as the user of the file")
+    assert producer.flush(15) == 0
+
+    user_file.write_text("nobody\n")
+    probe = BrokerConnection(
+        None,  # type: ignore[arg-type]
+        ",".join(settings.kafka_servers),
+        retry_max_s=1.0,
+        security=settings.kafka_security(),
+    )
+    with pytest.raises(KafkaRefused, match="WFJOBS_KAFKA_SASL_USERNAME_FILE") as refused:
+        await probe.broker_answers()
+    assert "user 'nobody'" in str(refused.value)
+
+
 async def test_refused_credentials_stop_the_probe_naming_the_setting(
     kafka_sasl: KafkaSasl,
 ) -> None:

@@ -473,6 +473,74 @@ async def test_a_refused_client_names_its_settings(token_endpoint: str) -> None:
     assert security.explain(refused.value, "k:9093") == str(refused.value)
 
 
+async def test_the_client_secret_may_come_from_a_file(token_endpoint: str, tmp_path: Path) -> None:
+    secret = tmp_path / "client-secret"
+    secret.write_text("client-secret\n")
+    env = {k: v for k, v in OAUTH.items() if k != "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET"}
+    from_file = settings(
+        {
+            **env,
+            "WFJOBS_KAFKA_OAUTH_TOKEN_URL": token_endpoint,
+            "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE": str(secret),
+        }
+    )
+    assert from_file.kafka_client_config()["sasl.oauthbearer.client.secret"] == "client-secret"
+    # The endpoint grants a token only to the secret the file holds.
+    provider = from_file.kafka_security().aiokafka()["sasl_oauth_token_provider"]
+    assert await provider.token() == "token-1"
+
+    # Refused, the secret to check is the file the process read it from.
+    secret.write_text("rotated-but-wrong")
+    refusing = from_file.kafka_security()
+    with pytest.raises(TokenError) as refused:
+        await refusing.aiokafka()["sasl_oauth_token_provider"].token()
+    assert "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE" in str(refused.value)
+    explained = refusing.explain(KafkaError(58, "Authentication failed"), "k:9093")
+    assert explained is not None and "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE" in explained
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        (
+            {**SCRAM, "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE": "SECRET"},
+            "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE set, but WFJOBS_KAFKA_SASL_MECHANISM is "
+            "SCRAM-SHA-512",
+        ),
+        (
+            {
+                **{k: v for k, v in OAUTH.items() if k != "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET"},
+                "WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE": "EMPTY",
+            },
+            "SASL mechanism OAUTHBEARER needs WFJOBS_KAFKA_OAUTH_CLIENT_SECRET_FILE",
+        ),
+        (
+            {
+                **{k: v for k, v in SCRAM.items() if k != "WFJOBS_KAFKA_SASL_USERNAME"},
+                "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "WFJOBS_KAFKA_SASL_USERNAME_FILE": "SECRET",
+                "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE": "SECRET",
+            },
+            "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE set, but WFJOBS_KAFKA_SECURITY_PROTOCOL is "
+            "SASL_PLAINTEXT, which uses no TLS",
+        ),
+        (
+            {**OAUTH, "WFJOBS_KAFKA_SASL_USERNAME_FILE": "SECRET"},
+            "WFJOBS_KAFKA_SASL_USERNAME_FILE set, but WFJOBS_KAFKA_SASL_MECHANISM is OAUTHBEARER",
+        ),
+    ],
+)
+def test_a_secret_from_a_file_is_named_by_its_file_variable(
+    env: dict[str, str], named: str, tmp_path: Path
+) -> None:
+    (tmp_path / "secret").write_text("s3cret\n")
+    (tmp_path / "empty").write_text("")
+    files = {"SECRET": str(tmp_path / "secret"), "EMPTY": str(tmp_path / "empty")}
+    env = {name: files.get(value, value) for name, value in env.items()}
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        settings(env)
+
+
 class _Elsewhere(BaseHTTPRequestHandler):
     """Another host's server: records the Authorization header of whatever reaches it."""
 

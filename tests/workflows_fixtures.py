@@ -281,10 +281,14 @@ class TestGrpcServer:
         self.target = ""
         self._server: grpc.aio.Server | None = None
 
-    async def start(self) -> str:
+    async def start(self, credentials: grpc.ServerCredentials | None = None) -> str:
+        """Serve over plaintext, or over TLS with ``credentials``."""
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(self._handlers())
-        port = server.add_insecure_port("127.0.0.1:0")
+        if credentials is None:
+            port = server.add_insecure_port("127.0.0.1:0")
+        else:
+            port = server.add_secure_port("127.0.0.1:0", credentials)
         await server.start()
         self._server = server
         self.target = f"127.0.0.1:{port}"

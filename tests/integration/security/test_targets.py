@@ -10,14 +10,25 @@ import asyncio
 import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from streams.runtime import Runtime
+from streams.settings import Settings
+from tests.certificates import make_client_certificate, make_server_certificates
 from tests.integration.streams.conftest import serve
-from tests.workflows_fixtures import envelope
-from workflows import FailureKind, GrpcChannels, HandlerRegistry, StepFailure, run_segment
+from tests.workflows_fixtures import CallLog, TestGrpcServer, envelope
+from workflows import (
+    Completed,
+    FailureKind,
+    GrpcChannels,
+    HandlerRegistry,
+    StepFailure,
+    run_segment,
+)
 from workflows.compiler import compile_definition
 from workflows.invokers import TargetRefused
 from workflows.targets import ALLOW_ALL, TargetPolicy
@@ -236,3 +247,90 @@ async def test_a_transport_error_keeps_the_status_and_not_the_peers_text(
 
 async def _ignore(entry: dict[str, Any]) -> None:
     return None
+
+
+async def _run(runtime: Runtime, target: str) -> Any:
+    """A segment of the test workflow against ``target``, over the runtime's channels."""
+    workflow = compile_definition(envelope(target=target, review=None))
+    return await run_segment(
+        workflow,
+        {"text": "a b"},
+        [],
+        job_id="j",
+        attempt=1,
+        on_checkpoint=_ignore,
+        registry=HandlerRegistry(),
+        channels=runtime.channels,
+    )
+
+
+def _runtime(**env: str) -> Runtime:
+    settings = Settings.from_env(
+        {"WFJOBS_ROLES": "api", "WFJOBS_STEP_TARGETS": "127.0.0.1:*", **env}
+    )
+    return Runtime(settings, registry=HandlerRegistry())
+
+
+async def test_step_targets_are_called_over_the_tls_their_pattern_gives(tmp_path: Path) -> None:
+    # The server's certificate names "steps.internal", not the address dialled,
+    # and it admits only clients with a certificate from the same CA.
+    certs = make_server_certificates(tmp_path / "ca", host="steps.internal")
+    client = make_client_certificate(certs, tmp_path / "client", common_name="worker")
+    secure = TestGrpcServer()
+    await secure.start(
+        grpc.ssl_server_credentials(
+            [(certs.key_file.read_bytes(), certs.certificate_file.read_bytes())],
+            root_certificates=certs.ca_file.read_bytes(),
+            require_client_auth=True,
+        )
+    )
+    plain = TestGrpcServer()
+    await plain.start()
+    port = secure.target.rsplit(":", 1)[1]
+    mutual = f"ca={certs.ca_file};cert={client.certificate_file};key={client.key_file}"
+    try:
+        # The first pattern that matches decides; the plaintext server's target matches none.
+        runtime = _runtime(
+            WFJOBS_STEP_TARGET_TLS=(
+                f"127.0.0.1:{port};{mutual};authority=steps.internal,"
+                f"127.0.0.1:{port};ca={certs.ca_file}"
+            )
+        )
+        secure.calls, plain.calls = CallLog(), CallLog()
+        assert isinstance(await _run(runtime, secure.target), Completed)
+        assert isinstance(await _run(runtime, plain.target), Completed)
+        assert len(secure.calls.keys) == 2 and len(plain.calls.keys) == 2
+        await runtime.channels.close()
+
+        # Without the client certificate, or without the name to expect, the
+        # server is not reached: the TLS of each came from the setting.
+        for tls in (
+            f"127.0.0.1:{port};ca={certs.ca_file};authority=steps.internal",
+            f"127.0.0.1:{port};{mutual}",
+            "",
+        ):
+            runtime = _runtime(WFJOBS_STEP_TARGET_TLS=tls)
+            with pytest.raises(StepFailure, match="gRPC UNAVAILABLE"):
+                await _run(runtime, secure.target)
+            await runtime.channels.close()
+    finally:
+        await secure.stop()
+        await plain.stop()
+
+
+async def test_at_most_the_settings_channels_stay_open(tmp_path: Path) -> None:
+    servers = [TestGrpcServer() for _ in range(3)]
+    for server in servers:
+        await server.start()
+    runtime = _runtime(WFJOBS_STEP_CHANNELS_MAX="2")
+    try:
+        for server in servers:
+            assert isinstance(await _run(runtime, server.target), Completed)
+        # The least recently used, the first server's, was closed for the third.
+        assert list(runtime.channels._channels) == [servers[1].target, servers[2].target]
+        assert isinstance(await _run(runtime, servers[0].target), Completed)
+        assert list(runtime.channels._channels) == [servers[2].target, servers[0].target]
+    finally:
+        await runtime.channels.close()
+        for server in servers:
+            await server.stop()

@@ -316,3 +316,52 @@ async def test_large_bodies_are_read_without_stalling_the_worker(
         path = f"/v1/workflow-runs/{submitted['job']['job_id']}"
         got = await _lag_of_one_call(client, monitor, "GET", path, None, 200)
         assert got["job"]["input"]["meta"]["tags"] == tags
+
+
+def long_rule(chars: int) -> str:
+    """A cheap rule of exactly ``chars`` characters."""
+    rule = "tokenize.count > 0"
+    while len(rule) + len(" && tokenize.count > 0") <= chars:
+        rule += " && tokenize.count > 0"
+    return rule + " " * (chars - len(rule))
+
+
+async def test_the_caps_are_the_settings_at_store_submit_and_claim(dsn: str) -> None:
+    env = {
+        "DATABASE_URL": dsn,
+        "WFJOBS_ROLES": "api,worker",
+        "WFJOBS_WORKER_ID": "caps-test",
+        "WFJOBS_POLL_INTERVAL_S": "0.05",
+        "WFJOBS_RULE_MAX_CHARS": "2000",
+        "WFJOBS_RULE_MAX_NESTING": "4",
+    }
+    async with serve(env) as (client, _):
+        # Past the defaults (1024 characters, 3 deep) but within the settings.
+        roomy = with_validate(long_rule(2000), "roomy")
+        roomy["steps"][1]["validate"].append(nested_maps(4))
+        stored = await client.put("/v1/workflows/roomy", json={"workflow": roomy})
+        assert stored.status == 200, await stored.text()
+        submitted = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "roomy", "input": {"text": "a b"}}
+        )
+        assert submitted.status == 201, await submitted.text()
+        job_id = (await submitted.json())["job"]["job_id"]
+        # A claim compiles the snapshot under the same caps, and runs it.
+        deadline = time.monotonic() + 20
+        while True:
+            job = (await (await client.get(f"/v1/workflow-runs/{job_id}")).json())["job"]
+            if job["status"] not in {"QUEUED", "RUNNING"} or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert job["status"] == "COMPLETED", job
+
+        for rule, refusal in (
+            (long_rule(2001), "is 2001 characters long; a rule may have at most 2000"),
+            (nested_maps(5), "5 deep; at most 4 are allowed"),
+        ):
+            refused = await client.post(
+                "/v1/workflow-runs",
+                json={"workflow": with_validate(rule, "tight"), "input": {"text": "a b"}},
+            )
+            assert refused.status == 400, await refused.text()
+            assert refusal in (await refused.json())["message"]

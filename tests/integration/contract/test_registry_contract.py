@@ -18,17 +18,22 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2
 
+from cli.errors import CliError
+from cli.kafka import _framed
 from devstack.schema_registry import SchemaRegistryService
 from schemas.consumer import consumer_file
 from schemas.contract import (
     EventType,
     StepCompletion,
+    StepCompletionResult,
     WorkflowRunEvent,
     WorkflowRunRequest,
     build_event,
@@ -46,6 +51,9 @@ from schemas.serde import (
     encode_request,
     event_serializer,
 )
+from store.outbox import OutboxRow
+from streams.completions_agent import ResultEncoder
+from streams.relay import build_relay
 from streams.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -310,3 +318,97 @@ def test_a_lookup_only_serializer_leaves_the_subject_settings_alone(
     looked_up.prepare()
 
     assert registry.get_compatibility(f"{topic}-value") == "NONE"
+
+
+class _NoOutbox:
+    async def relay_batch(self, publish: object, limit: int = 100, *, owner: str = "") -> Any:
+        raise AssertionError("not used here")
+
+    async def backlog(self) -> Any:
+        raise AssertionError("not used here")
+
+
+@pytest.mark.parametrize("event_format", ["protobuf", "avro"])
+async def test_without_auto_register_nothing_is_written_to_the_registry(
+    schema_registry: SchemaRegistryService,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    event_format: str,
+) -> None:
+    events_topic = new_topic(kafka_bootstrap, 1, prefix="lookup-events")
+    suffix = uuid.uuid4().hex[:12]
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "WFJOBS_SCHEMA_REGISTRY_URL": schema_registry.url,
+        "WFJOBS_EVENT_FORMAT": event_format,
+        "WFJOBS_EVENTS_TOPIC": events_topic,
+        "WFJOBS_REQUESTS_TOPIC": f"lookup-requests-{suffix}",
+        "WFJOBS_COMPLETION_RESULTS_TOPIC": f"lookup-results-{suffix}",
+        "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS": "20000",
+    }
+    owner = Settings.from_env(env)
+    reader = Settings.from_env({**env, "WFJOBS_SCHEMA_REGISTRY_AUTO_REGISTER": "false"})
+    subjects = [
+        f"{topic}-value"
+        for topic in (events_topic, reader.requests_topic, reader.completion_results_topic)
+    ]
+    registry = SchemaRegistryClient({"url": schema_registry.url})
+    event = contract_events(1)[0]
+    row = OutboxRow(1, uuid.UUID(event.job_id), "ACCEPTED", encode_event(event), 0)
+    request = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="embed-and-review")
+    result = StepCompletionResult(job_id=request.job_id, step_name="review", outcome="COMPLETED")
+
+    async def frame_all(settings: Settings, published: int) -> list[bytes]:
+        """The relay's event (the topic's ``published``-th), the CLI's request and the
+        completions agent's result, each framed as ``settings`` say."""
+        relay = build_relay(settings, _NoOutbox())
+        try:
+            assert await relay.publish([row]) == [None]
+        finally:
+            await relay.stop()
+        read = Consumer(
+            {"bootstrap.servers": kafka_bootstrap, "group.id": f"lookup-{uuid.uuid4().hex}"}
+        )
+        try:
+            read.assign([TopicPartition(events_topic, 0, published - 1)])
+            message = read.poll(15)
+            assert message is not None and message.error() is None
+            value = message.value()
+            assert isinstance(value, bytes)
+        finally:
+            read.close()
+        encoder = ResultEncoder(
+            settings.open_registry(),
+            settings.completion_results_topic,
+            auto_register=settings.schema_registry_auto_register,
+        )
+        return [
+            value,
+            _framed(settings, request, settings.requests_topic, "request"),
+            await encoder.encode(result),
+        ]
+
+    # Nobody has registered the schemas: a process that may not register fails
+    # to frame, and leaves the subjects as they were (absent).
+    relay = build_relay(reader, _NoOutbox())
+    refused = await relay.publish([row])
+    assert refused[0] is not None and not refused[0].permanent
+    with pytest.raises(CliError, match="cannot frame the request"):
+        _framed(reader, request, reader.requests_topic, "request")
+    with pytest.raises(SchemaRegistryError):
+        await ResultEncoder(
+            reader.open_registry(), reader.completion_results_topic, auto_register=False
+        ).encode(result)
+    assert not set(subjects) & set(registry.get_subjects())
+
+    # Registered by a process that may, the schemas are looked up and framed
+    # with the owner's ids; neither a version nor a compatibility level is written.
+    owned = await frame_all(owner, 1)
+    for subject in subjects:
+        registry.set_compatibility(subject_name=subject, level="NONE")
+    versions = {subject: registry.get_versions(subject) for subject in subjects}
+    looked_up = await frame_all(reader, 2)
+    assert [value[:5] for value in looked_up] == [value[:5] for value in owned]
+    for subject in subjects:
+        assert registry.get_versions(subject) == versions[subject]
+        assert registry.get_compatibility(subject) == "NONE"

@@ -23,7 +23,8 @@ async def test_put_get_list(definitions: DefinitionStore) -> None:
 
     assert await definitions.get("embed-text") == replaced
     await definitions.put("a.first_one", {"name": "a.first_one"})
-    assert [stored.name for stored in await definitions.list()] == ["a.first_one", "embed-text"]
+    listed = await definitions.list()
+    assert [stored.name for stored in listed.definitions] == ["a.first_one", "embed-text"]
 
 
 async def test_a_live_job_keeps_its_snapshot(definitions: DefinitionStore, store: RunStore) -> None:
@@ -43,5 +44,5 @@ async def test_bad_names_and_missing_definitions(definitions: DefinitionStore) -
         await definitions.get("missing")
     with pytest.raises(InvalidArgument, match="JSON object"):
         await definitions.put("ok", ["not", "an", "object"])  # type: ignore[arg-type]
-    assert await definitions.list() == []
+    assert (await definitions.list()).definitions == ()
     await definitions.put("x" * 200, {})

@@ -864,6 +864,13 @@ async def stream_events(
     except BaseException:
         await frames.aclose()
         raise
+    if raw.method == "HEAD":
+        # An answer to HEAD has no body: frames written after its headers
+        # would be read as the next answer on the connection, and would hold a
+        # watcher's place for as long as the job lasts.
+        await frames.aclose()
+        await response.write_eof()
+        return response
     try:
         async for frame in frames:
             try:

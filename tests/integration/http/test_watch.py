@@ -406,3 +406,30 @@ async def test_progress_is_only_sent_while_the_claim_that_reported_it_holds_the_
     ended = await one_pass()
     assert ended[-1].event == "end" and ended[-1].data == {"status": "FAILED"}
     assert "progress" not in [m.event for m in ended]
+
+
+async def test_a_head_of_a_watch_answers_its_headers_alone_and_holds_no_place(
+    live_api: LiveApi,
+) -> None:
+    await store_review(live_api)
+    job_id = await parked_job(live_api)
+    watch = live_api.runtime.watch
+    assert watch is not None
+    reader, writer = await asyncio.open_connection(live_api.host, live_api.port)
+    try:
+        authorization = live_api.auth["Authorization"]
+        # Both requests on one connection: whatever follows the HEAD's headers
+        # is read as the answer to the next.
+        writer.write(
+            f"HEAD {events_path(job_id)} HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}"
+            "\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer
+    assert b"Content-Type: text/event-stream; charset=utf-8" in head
+    assert rest.startswith(b"HTTP/1.1 200 "), rest[:200]
+    assert watch.watchers == 0

@@ -80,6 +80,8 @@ WAITING), CANCEL_REQUESTED (it is RUNNING; its worker settles it), and
 ALREADY_CANCELLED or ALREADY_FINISHED for a job that had ended, which is
 answered as it is.
 
+Every route with a GET answers HEAD too (headers, no body); one without, 405.
+
 Every error is ``{"code": ..., "message": ...}`` (``ErrorBody``), with the HTTP
 status taken from ``HTTP_STATUS`` and nowhere else; ``streams.http_errors``
 answers that way for everything the verbs do not (unknown routes, parser
@@ -907,6 +909,21 @@ def _header(request: Request, name: str) -> str | None:
     return cast(aiohttp_web.Request, request).headers.get(name)
 
 
+class _Route(View):
+    """A view that answers HEAD only where it answers GET.
+
+    Faust mounts HEAD on every view and serves it by calling ``get``: a route
+    that takes only POST would list HEAD among its allowed methods and then
+    refuse it with Faust's own 405.
+    """
+
+    def get_methods(self) -> set[str]:
+        methods = set(super().get_methods())
+        if "GET" not in methods:
+            methods.discard("HEAD")
+        return methods
+
+
 _TOKENLESS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -914,12 +931,12 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     """Mount ``/healthz`` and, when ``verbs``, the verbs, on the app's web server."""
 
     @app.page("/healthz")
-    class Health(View):
+    class Health(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, api.health)
 
     @app.page("/readyz")
-    class Ready(View):
+    class Ready(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             return await _respond(self, api.readiness)
 
@@ -927,7 +944,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
         # Served like /healthz, without a token: Prometheus scrapers carry none,
         # and the page holds aggregate figures only, never a job id or a payload.
         @app.page("/metrics")
-        class MetricsPage(View):
+        class MetricsPage(_Route):
             async def get(self, request: Request, **_: Any) -> Response:
                 return self.bytes(
                     await api.metrics(), headers={"Content-Type": metrics.CONTENT_TYPE}
@@ -971,7 +988,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
     # Each call authorizes first: nothing of a request (body, query) is read
     # for a caller who may not make it.
     @app.page("/v1/workflow-runs")
-    class WorkflowRuns(View):
+    class WorkflowRuns(_Route):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
@@ -991,7 +1008,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
 
     # A job id never holds ':' or '/', so ``{id}:verb`` routes never match here.
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}")
-    class WorkflowRun(View):
+    class WorkflowRun(_Route):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
@@ -1001,7 +1018,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}/events")
-    class WatchRun(View):
+    class WatchRun(_Route):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             frames: WatchStream | None = None
 
@@ -1026,7 +1043,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return cast(Response, await stream_events(request, frames, watch.write_timeout_s))
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}:explain")
-    class ExplainRun(View):
+    class ExplainRun(_Route):
         async def get(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
@@ -1036,7 +1053,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}:resume")
-    class ResumeRun(View):
+    class ResumeRun(_Route):
         async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
@@ -1047,7 +1064,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs:resume")
-    class ResumeRuns(View):
+    class ResumeRuns(_Route):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.SUBMIT)
@@ -1057,7 +1074,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id:[^/:]+}:cancel")
-    class CancelRun(View):
+    class CancelRun(_Route):
         async def post(self, request: Request, job_id: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.CANCEL)
@@ -1070,7 +1087,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs:cancel")
-    class CancelRuns(View):
+    class CancelRuns(_Route):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.CANCEL)
@@ -1080,7 +1097,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id}/steps/{step_name}:complete")
-    class CompleteStep(View):
+    class CompleteStep(_Route):
         async def post(
             self, request: Request, job_id: str = "", step_name: str = "", **_: Any
         ) -> Response:
@@ -1093,7 +1110,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflow-runs/{job_id}/steps/{step_name}:form")
-    class StepForm(View):
+    class StepForm(_Route):
         async def get(
             self, request: Request, job_id: str = "", step_name: str = "", **_: Any
         ) -> Response:
@@ -1105,7 +1122,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/fleet")
-    class Fleet(View):
+    class Fleet(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.READ)
@@ -1114,7 +1131,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflows")
-    class Workflows(View):
+    class Workflows(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 await api.authorize(_authorization(request), auth.READ)
@@ -1123,7 +1140,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/outbox")
-    class OutboxView(View):
+    class OutboxView(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
@@ -1132,7 +1149,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/outbox:redrive")
-    class OutboxRedrive(View):
+    class OutboxRedrive(_Route):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
@@ -1143,7 +1160,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/requests-dlq")
-    class RequestsDlq(View):
+    class RequestsDlq(_Route):
         async def get(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
@@ -1152,7 +1169,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/requests-dlq:redrive")
-    class RequestsDlqRedrive(View):
+    class RequestsDlqRedrive(_Route):
         async def post(self, request: Request, **_: Any) -> Response:
             async def call() -> Reply:
                 caller = await api.authorize(_authorization(request), auth.ADMIN)
@@ -1163,7 +1180,7 @@ def register_views(app: faust.App, api: HttpVerbs, *, verbs: bool) -> None:
             return await _respond(self, call)
 
     @app.page("/v1/workflows/{name}")
-    class StoredWorkflowView(View):
+    class StoredWorkflowView(_Route):
         async def get(self, request: Request, name: str = "", **_: Any) -> Response:
             async def call() -> Reply:
                 await api.authorize(_authorization(request), auth.READ)

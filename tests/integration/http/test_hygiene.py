@@ -75,6 +75,27 @@ async def test_faust_endpoints_are_off_and_unknown_routes_answer_json(live_api: 
     await _error(live_api, "POST", "/healthz", 405, "METHOD_NOT_ALLOWED", body={})
 
 
+async def test_head_is_served_exactly_where_get_is(live_api: LiveApi) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})
+    job_id = await parked_job(live_api)
+    mismatched = []
+    for path, item in document["paths"].items():
+        target = path.format(job_id=job_id, step_name="review", name="web-review")
+        if path == "/v1/requests-dlq":
+            continue  # it reads a broker, which this server has none of
+        expected = 200 if "get" in item else 405
+        async with live_api.session.head(live_api.url + target, headers=live_api.auth) as head:
+            allowed = set(head.headers.get("Allow", "").replace(" ", "").split(","))
+            if head.status != expected or (expected == 405 and "HEAD" in allowed):
+                mismatched.append((path, head.status, sorted(allowed)))
+        if "get" not in item:
+            method = next(iter(item)).upper()
+            message = await _error(live_api, "GET", target, 405, "METHOD_NOT_ALLOWED")
+            assert message.endswith(f"allowed: {method}"), message
+    assert mismatched == []
+
+
 async def test_bodies_must_be_declared_json(live_api: LiveApi) -> None:
     body = {"workflow_name": "missing", "input": {}}
     for content_type in (

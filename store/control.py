@@ -381,9 +381,11 @@ class ControlStore:
         workflow_name: str | None = None,
         owner: str | None = None,
         created_before: datetime | None = None,
+        with_snapshot: bool = False,
         limit: int,
     ) -> list[UUID]:
-        """Ended jobs nothing resumes yet, oldest first, at most ``limit``."""
+        """Ended jobs nothing resumes yet, oldest first, at most ``limit``;
+        ``with_snapshot``: only those with a definition snapshot of their own."""
         chosen = sorted(set(statuses))
         wrong = [status.value for status in chosen if status not in RESUMABLE]
         if wrong:
@@ -403,6 +405,7 @@ class ControlStore:
             by_name=workflow_name is not None,
             by_owner=owner is not None,
             before=created_before is not None,
+            with_snapshot=with_snapshot,
         )
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(statement, params)).fetchall()

@@ -223,9 +223,15 @@ SELECT {PLAIN_COLUMNS} FROM inserted
 """
 
 
-def resumable_jobs_sql(*, by_name: bool, by_owner: bool, before: bool) -> str:
-    """Bulk resume's candidates: ended jobs nothing resumes yet, oldest first."""
+def resumable_jobs_sql(
+    *, by_name: bool, by_owner: bool, before: bool, with_snapshot: bool = False
+) -> str:
+    """Bulk resume's candidates: ended jobs nothing resumes yet, oldest first;
+    ``with_snapshot``: only those with a definition snapshot to run again."""
     conditions = ["status = ANY(%(statuses)s)", "resumed_by IS NULL"]
+    if with_snapshot:
+        # A job refused at submit names no snapshot (its hash is empty).
+        conditions.append("definition_hash <> ''")
     if by_name:
         conditions.append("workflow_name = %(workflow_name)s")
     if by_owner:

@@ -715,6 +715,10 @@ class Jobs:
                 workflow_name=workflow_name or None,
                 owner=owner if owner is not None else (job_owner or None),
                 created_before=created_before,
+                # Resumed with its own snapshot, a job refused at submit is
+                # refused every time: picked each call, oldest first, enough
+                # of them would hold every other job back for good.
+                with_snapshot=not use_current_definition,
                 limit=limit or DEFAULT_BULK_RESUME,
             )
         resumed: list[Resumed] = []

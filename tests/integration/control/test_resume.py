@@ -22,6 +22,7 @@ from cli.main import main as cli_main
 from schemas.contract import EventType, WorkflowRunEvent
 from store.control import resume_job_id
 from store.outbox import Outbox
+from streams.jobs import Jobs, SubmitRequest
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import WEB_WORKFLOW, bearer, put_workflow, serve
 from tests.workflows_fixtures import tokenize_ids
@@ -388,6 +389,34 @@ async def test_bulk_resume_by_filter(dsn: str) -> None:
             "/v1/workflow-runs:resume", json={"owner": "tester"}, headers=own
         )
         assert response.status == 403
+
+
+async def test_jobs_refused_at_submit_do_not_hold_a_bulk_resume_back(dsn: str) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        # The oldest FAILED jobs have no snapshot: a request named a workflow
+        # no one had stored.
+        refused = [uuid.uuid4() for _ in range(2)]
+        await Jobs(runtime).submit_many(
+            [
+                SubmitRequest(job_id, {"text": "a"}, "web-review", owner="tester")
+                for job_id in refused
+            ],
+            record_refusals=True,
+            via="kafka",
+        )
+        await put_workflow(client)
+        failed = await ended_job(client, runtime, "failed", end="FAILED")
+
+        body = {"statuses": ["FAILED"], "limit": 2}
+        answer = await _json(await client.post("/v1/workflow-runs:resume", json=body))
+        assert [job["resumed_from"] for job in answer["resumed"]] == [failed]
+        assert answer["refused"] == []
+        # With the stored definition they can run now, and are resumed.
+        current = {**body, "use_current_definition": True}
+        answer = await _json(await client.post("/v1/workflow-runs:resume", json=current))
+        # Written in one statement, they are as old as each other.
+        resumed = sorted(job["resumed_from"] for job in answer["resumed"])
+        assert resumed == sorted(str(job_id) for job_id in refused)
 
 
 async def test_the_resume_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:

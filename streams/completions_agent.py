@@ -70,8 +70,6 @@ Outcome = StepCompletionResult.Outcome
 # Sends one result (key, value) and returns once the broker acknowledged it.
 Publish = Callable[[bytes, bytes], Awaitable[None]]
 
-# The gate reads the job, then locks it; a job that moved in between is asked again.
-_GATE_TRIES = 3
 # The longest step_name or request_id a StepCompletion may carry (a job id is shorter).
 _ECHO_MAX = 200
 _MESSAGE_MAX = 2000
@@ -162,27 +160,20 @@ class CompletionHandler:
     async def _complete(
         self, completion: StepCompletion, response: dict[str, Any]
     ) -> StepCompletionResult:
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                result = await self._jobs.complete_step(
-                    job_id=uuid.UUID(completion.job_id),
-                    step_name=completion.step_name,
-                    response=response,
-                    owner=self.principal_of(completion),
-                )
-            except NotFound as exc:
-                return _answer(completion, Outcome.NOT_FOUND, exc.message)
-            except WrongState as exc:
-                return _answer(completion, Outcome.WRONG_STATE, exc.message)
-            except FailedPrecondition as exc:
-                if tries < _GATE_TRIES:
-                    continue
-                return _answer(completion, Outcome.WRONG_STATE, exc.message)
-            except InvalidArgument as exc:
-                return _answer(completion, Outcome.INVALID, exc.message)
-            return _answer(completion, Outcome.Value(result.outcome), result.message)
+        try:
+            result = await self._jobs.complete_step(
+                job_id=uuid.UUID(completion.job_id),
+                step_name=completion.step_name,
+                response=response,
+                owner=self.principal_of(completion),
+            )
+        except NotFound as exc:
+            return _answer(completion, Outcome.NOT_FOUND, exc.message)
+        except (WrongState, FailedPrecondition) as exc:
+            return _answer(completion, Outcome.WRONG_STATE, exc.message)
+        except InvalidArgument as exc:
+            return _answer(completion, Outcome.INVALID, exc.message)
+        return _answer(completion, Outcome.Value(result.outcome), result.message)
 
 
 def _answer(completion: StepCompletion, outcome: int, message: str) -> StepCompletionResult:

@@ -457,30 +457,41 @@ class Jobs:
         """
         with outages_as_unavailable():
             runs = self._runtime.require_runs()
-            # Read first: a NOT_FOUND needs no lock, and a step whose validate
-            # rules read the input or earlier steps is judged against them.
-            # Neither changes while the job is WAITING, which the store checks
-            # again under the row lock before it calls the verifier. Nor does
-            # its owner, ever.
-            job = _visible(await runs.get(job_id), owner)
-            workflow = None
-            if job.definition is not None:
-                # Compiled here, off the loop, so the judge under the row lock finds it cached.
-                workflow = await self._runtime.compile_snapshot(job.definition, job.definition_hash)
-                # A worker's step is never parked on: its checkpoint is not this
-                # caller's answer, which ALREADY_DONE would say it was.
-                if not _named_step(workflow, job_id, step_name).external:
-                    raise WrongState(
-                        f"step {step_name!r} of job {job_id} is not an external step: "
-                        "a worker answers it, not a person"
+            for read in range(2):
+                # Read first: a NOT_FOUND needs no lock, and a step whose validate
+                # rules read the input or earlier steps is judged against them.
+                # Neither changes while the job is WAITING, which the store checks
+                # again under the row lock before it calls the verifier. Nor does
+                # its owner, ever.
+                job = _visible(await runs.get(job_id), owner)
+                workflow = None
+                if job.definition is not None:
+                    # Compiled here, off the loop, so the judge under the row lock finds it cached.
+                    workflow = await self._runtime.compile_snapshot(
+                        job.definition, job.definition_hash
                     )
-            parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
-            result = await runs.complete_step(
-                job_id=job_id,
-                step_name=step_name,
-                response=response,
-                verify=self._runtime.step_verifier(step_name, job, parked_here=parked_here),
-            )
+                    # A worker's step is never parked on: its checkpoint is not this
+                    # caller's answer, which ALREADY_DONE would say it was.
+                    if not _named_step(workflow, job_id, step_name).external:
+                        raise WrongState(
+                            f"step {step_name!r} of job {job_id} is not an external step: "
+                            "a worker answers it, not a person"
+                        )
+                parked_here = job.status == Status.WAITING and job.outstanding_step == step_name
+                try:
+                    result = await runs.complete_step(
+                        job_id=job_id,
+                        step_name=step_name,
+                        response=response,
+                        verify=self._runtime.step_verifier(step_name, job, parked_here=parked_here),
+                    )
+                    break
+                except FailedPrecondition:
+                    # The job parked on the step between the read and the lock,
+                    # and the step's rules judge by what it holds. A job parks
+                    # on a step once: read again, it is judged as it is now.
+                    if read:
+                        raise
         if result.outcome == "WRONG_STATE":
             raise WrongState(result.message)
         if result.outcome == "ALREADY_DONE" and workflow is not None:

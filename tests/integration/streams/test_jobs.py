@@ -23,6 +23,7 @@ from streams.jobs import Jobs
 from streams.request_agent import Message, RequestHandler
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
+from tests.workflows_fixtures import envelope, tokenize_ids
 
 pytestmark = pytest.mark.asyncio
 
@@ -179,6 +180,52 @@ async def test_the_complete_step_view_delegates_to_the_verb(
             "owner": None,
         }
     ]
+
+
+async def test_a_completion_read_just_before_its_job_parks_on_the_step_is_judged(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The review's validate rule reads the input, which a completion is judged
+    # against as read before the row lock. Read RUNNING, the job parks on the
+    # step before the lock is taken: the completion counts all the same.
+    workflow = envelope(name="web-review")
+    workflow["steps"][2]["validate"] = ["response.approved && input.text != ''"]
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        await put_workflow(client, workflow)
+        response = await client.post(
+            "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": "hi"}}
+        )
+        assert response.status == 201, await response.text()
+        job_id = (await response.json())["job"]["job_id"]
+        runs = runtime.require_runs()
+        claimed = await runs.claim("web-test")
+        assert claimed is not None
+        for name, answer in (
+            ("tokenize", {"ids": tokenize_ids("hi"), "count": 1}),
+            ("embed", {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}),
+        ):
+            await runs.checkpoint(
+                claimed.lease, {"name": name, "skipped": False, "response": answer}
+            )
+        read = runs.get
+
+        async def read_then_park(job: uuid.UUID | str) -> Job:
+            found = await read(job)
+            if found.status == "RUNNING":
+                await runs.park(claimed.lease, "review")
+            return found
+
+        monkeypatch.setattr(runs, "get", read_then_park)
+        response = await client.post(
+            f"/v1/workflow-runs/{job_id}/steps/review:complete",
+            json={"response": {"approved": True, "note": "fine"}},
+        )
+        assert response.status == 200, await response.text()
+        assert (await response.json())["outcome"] == "COMPLETED"
+        monkeypatch.undo()
+        job = await runs.get(job_id)
+        assert job.status == "QUEUED"
+        assert [entry["name"] for entry in job.checkpoints] == ["tokenize", "embed", "review"]
 
 
 async def test_an_unreachable_store_is_unavailable_to_every_way_in(dsn: str) -> None:

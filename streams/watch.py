@@ -293,14 +293,15 @@ class JobWatch(mode.Service):
         sent_progress: Progress | None = None
         quiet_since = self._clock()
         while not self._closing and connected():
-            if authorized is not None and not await authorized():
-                return
             tick = self._tick
             try:
-                # Bounded: a read the database never answers (behind a lock, or
-                # on a connection whose server went without a word) must not
-                # hold back the keep-alives; it counts as an outage (TimeoutError).
+                # Bounded: a token check or a read the database never answers
+                # (behind a lock, or on a connection whose server went without
+                # a word) must not hold back the keep-alives; it counts as an
+                # outage (TimeoutError).
                 async with asyncio.timeout(self._keepalive_s):
+                    if authorized is not None and not await authorized():
+                        return
                     page = await self._feed.read(job_id, after=after, limit=self._page)
             except Exception as exc:
                 if not is_outage(exc):

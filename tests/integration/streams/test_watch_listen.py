@@ -16,6 +16,7 @@ from store.job_feed import FeedPage, JobFeed
 from store.notify import APPLICATION_NAME
 from store.pool import Pool
 from store.runs import RunStore
+from store.tokens import TokenStore, create_token
 from streams.watch import KEEPALIVE, JobWatch
 from tests.integration.store.helpers import submit
 
@@ -138,6 +139,38 @@ async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
         await _until(lambda: len(frames) == 1)
         async with await psycopg.AsyncConnection.connect(dsn) as holder:
             await holder.execute("LOCK TABLE workflow_run_progress IN ACCESS EXCLUSIVE MODE")
+            await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+            await holder.rollback()
+        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
+        await asyncio.wait_for(following, timeout=10)
+        assert b"event: end" in frames[-1]
+    finally:
+        await watch.stop()
+
+
+async def test_a_watch_keeps_its_stream_alive_while_its_token_check_goes_unanswered(
+    dsn: str, pool: Pool, store: RunStore
+) -> None:
+    issued = await create_token(dsn, "watcher", ["read"])
+    tokens = TokenStore(pool)
+
+    async def authorized() -> bool:
+        return await tokens.verify(issued.token) is not None
+
+    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=0.3)
+    await watch.start()
+    try:
+        job_id = (await submit(store)).job.job_id
+        frames: list[bytes] = []
+
+        async def follow() -> None:
+            async for frame in watch.frames(job_id, after=0, authorized=authorized):
+                frames.append(frame)
+
+        following = asyncio.create_task(follow())
+        await _until(lambda: len(frames) == 1)
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute("LOCK TABLE api_token IN ACCESS EXCLUSIVE MODE")
             await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
             await holder.rollback()
         await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 from schemas.contract import WorkflowRunRequest
 from schemas.serde import encode_request
+from store.definitions import DefinitionStore
 from streams.requests_dlq import DLQ_REASON_HEADER
 from tests.e2e.conftest import PARTITIONS
 from tests.e2e.harness import Stack, dedupe, read_dlq, type_name, wait_until
@@ -153,3 +155,31 @@ async def test_the_offset_moves_only_after_the_row_commits(stack: Stack) -> None
     job = await stack.wait_for_job(job_id, {"COMPLETED", "FAILED", "DEAD"}, timeout_s=60)
     assert job.status == "COMPLETED", job
     assert job.lease_owner == "w2"
+
+
+async def test_requests_waiting_together_are_submitted_at_most_a_batch_max_per_commit(
+    stack: Stack,
+) -> None:
+    workflow = envelope(name="e2e-batched", review="invoke")
+    await DefinitionStore(stack.pool).put(workflow["name"], workflow)
+    # All waiting before the worker starts: with the default (500) a batch could take them all.
+    job_ids = [
+        stack.produce_request(workflow["name"], {"text": f"request {n}"}, job_id=uuid.uuid4())
+        for n in range(12)
+    ]
+    stack.flush()
+    await stack.start_worker("w1", WFJOBS_REQUEST_BATCH_MAX="3", WFJOBS_CLAIM_LOOPS="0")
+
+    async def submitted() -> list[tuple[Any, int]] | None:
+        # A batch is one statement and one commit, so its rows share now().
+        async with stack.pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT created_at, count(*) FROM workflow_run WHERE job_id = ANY(%s)"
+                " GROUP BY created_at",
+                (job_ids,),
+            )
+            commits = await cursor.fetchall()
+        return commits if sum(count for _, count in commits) == len(job_ids) else None
+
+    commits = await wait_until(submitted, timeout_s=60, interval_s=0.2)
+    assert max(count for _, count in commits) <= 3, commits

@@ -488,6 +488,29 @@ def check(settings: Settings) -> None:
             f"not usable as PEM files: {exc}"
         ) from None
     registry_config(settings)
+    _check_registry_tls(settings)
+
+
+def _check_registry_tls(settings: Settings) -> None:
+    """The registry's TLS files as its client loads them, when a process first opens
+    it: a file that is not PEM would fail there, and an encrypted key would have
+    OpenSSL ask for its password on the terminal, the client having no setting for one."""
+    ca, cert = settings.schema_registry_ca_file, settings.schema_registry_cert_file
+    key = settings.schema_registry_key_file
+    if cert and _is_encrypted_key(key):
+        raise SecuritySettingsError(
+            "WFJOBS_SCHEMA_REGISTRY_KEY_FILE holds an encrypted key, which the registry "
+            "client cannot open: give it the key unencrypted"
+        )
+    try:
+        context = ssl.create_default_context(cafile=ca or None)
+        if cert:
+            context.load_cert_chain(cert, key, password="")
+    except (ssl.SSLError, OSError) as exc:
+        raise SecuritySettingsError(
+            "WFJOBS_SCHEMA_REGISTRY_CA_FILE, WFJOBS_SCHEMA_REGISTRY_CERT_FILE, "
+            f"WFJOBS_SCHEMA_REGISTRY_KEY_FILE: not usable as PEM files: {exc}"
+        ) from None
 
 
 def _is_encrypted_key(path: str) -> bool:

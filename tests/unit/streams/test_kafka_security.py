@@ -308,12 +308,12 @@ except SettingsError as exc:
 """
 
 
-def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
-    certs: ServerCertificates, encrypted_client: ClientCertificate
-) -> None:
+def on_a_terminal(code: str, env: Mapping[str, str]) -> bytes:
+    """What ``python -c code <env as JSON>`` writes to its terminal, a pty it controls,
+    until it exits, asks for a pass phrase, or 30 s pass."""
     controller, terminal = pty.openpty()
     child = subprocess.Popen(
-        [sys.executable, "-c", _WITHOUT_PASSWORD, json.dumps(mutual_tls(certs, encrypted_client))],
+        [sys.executable, "-c", code, json.dumps(dict(env))],
         stdin=terminal,
         stdout=terminal,
         stderr=terminal,
@@ -324,11 +324,8 @@ def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
     said = b""
     try:
         deadline = time.monotonic() + 30
-        while b"refused:" not in said and time.monotonic() < deadline:
-            if b"pass phrase" in said:
-                break
-            readable, _, _ = select.select([controller], [], [], 0.2)
-            if readable:
+        while b"pass phrase" not in said and time.monotonic() < deadline:
+            if select.select([controller], [], [], 0.2)[0]:
                 try:
                     said += os.read(controller, 4096)
                 except OSError:  # the child is gone and the terminal with it
@@ -337,6 +334,13 @@ def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
         child.kill()
         child.wait()
         os.close(controller)
+    return said
+
+
+def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
+    certs: ServerCertificates, encrypted_client: ClientCertificate
+) -> None:
+    said = on_a_terminal(_WITHOUT_PASSWORD, mutual_tls(certs, encrypted_client))
     assert b"pass phrase" not in said, said
     assert (
         b"refused: WFJOBS_KAFKA_SSL_KEY_FILE holds an encrypted key: set "
@@ -735,6 +739,53 @@ def test_registry_client_settings(tmp_path: Path, certs: ServerCertificates) -> 
 def test_bad_registry_settings_are_refused_by_name(env: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=named):
         settings(env)
+
+
+def test_registry_files_that_are_not_pem_are_refused_at_start(
+    tmp_path: Path, certs: ServerCertificates
+) -> None:
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("not a certificate")
+    for env in (
+        {"WFJOBS_SCHEMA_REGISTRY_CA_FILE": str(bogus)},
+        {
+            "WFJOBS_SCHEMA_REGISTRY_CERT_FILE": str(certs.certificate_file),
+            "WFJOBS_SCHEMA_REGISTRY_KEY_FILE": str(bogus),
+        },
+    ):
+        with pytest.raises(SettingsError, match=r"WFJOBS_SCHEMA_REGISTRY_CA_FILE, .*not usable"):
+            settings({"WFJOBS_SCHEMA_REGISTRY_URL": "https://registry.example", **env})
+
+
+# Opens the registry client of an encrypted key, in a process whose controlling
+# terminal is ``pty``: nothing may ask for the key's password there.
+_REGISTRY_WITH_AN_ENCRYPTED_KEY = """
+import fcntl, json, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+from streams.settings import Settings, SettingsError
+try:
+    Settings.from_env(json.loads(sys.argv[1])).open_registry()
+    print("refused: nothing", flush=True)
+except SettingsError as exc:
+    print("refused:", exc.message, flush=True)
+"""
+
+
+def test_an_encrypted_registry_key_is_refused_at_start_not_prompted_for(
+    certs: ServerCertificates, encrypted_client: ClientCertificate
+) -> None:
+    env = {
+        "WFJOBS_SCHEMA_REGISTRY_URL": "https://registry.example",
+        "WFJOBS_SCHEMA_REGISTRY_CA_FILE": str(certs.ca_file),
+        "WFJOBS_SCHEMA_REGISTRY_CERT_FILE": str(encrypted_client.certificate_file),
+        "WFJOBS_SCHEMA_REGISTRY_KEY_FILE": str(encrypted_client.key_file),
+    }
+    said = on_a_terminal(_REGISTRY_WITH_AN_ENCRYPTED_KEY, env)
+    assert b"pass phrase" not in said, said
+    assert (
+        b"refused: WFJOBS_SCHEMA_REGISTRY_KEY_FILE holds an encrypted key, which the registry "
+        b"client cannot open"
+    ) in said, said
 
 
 def test_without_auto_register_requests_are_framed_with_the_latest_version() -> None:

@@ -22,6 +22,7 @@ matches is called over plaintext.
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,13 +161,41 @@ class TlsRule:
             values[name] = value.strip()
         if ("cert" in values) != ("key" in values):
             raise ValueError(f"{text.strip()!r}: a client certificate needs both cert= and key=")
-        return cls(
+        rule = cls(
             pattern,
             ca=_read(values.get("ca"), text),
             cert=_read(values.get("cert"), text),
             key=_read(values.get("key"), text),
             authority=values.get("authority"),
         )
+        _check_usable(rule, values, text)
+        return rule
+
+
+# PKCS#8's header of an encrypted key, and the traditional form's.
+_ENCRYPTED_KEY_MARKERS = (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", b"Proc-Type: 4,ENCRYPTED")
+
+
+def _check_usable(rule: TlsRule, paths: dict[str, str], text: str) -> None:
+    """The files as a channel takes them. gRPC reads them only when a call dials,
+    and then every call to the target fails as if it could not be reached."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    shown = text.strip()
+    if rule.ca is not None:
+        try:
+            context.load_verify_locations(cadata=rule.ca.decode("latin-1"))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"{shown!r}: ca= holds no PEM certificate: {exc}") from None
+    if rule.key is None:
+        return
+    if any(marker in rule.key for marker in _ENCRYPTED_KEY_MARKERS):
+        raise ValueError(f"{shown!r}: key= is encrypted, and gRPC takes no password for it")
+    try:
+        context.load_cert_chain(paths["cert"], paths["key"], password="")
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"{shown!r}: cert= and key= are not a PEM certificate and its key: {exc}"
+        ) from None
 
 
 def _read(path: str | None, text: str) -> bytes | None:

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from streams.runtime import Runtime
-from streams.settings import Settings
+from streams.settings import Settings, SettingsError
 from tests.certificates import make_client_certificate, make_server_certificates
 from tests.integration.streams.conftest import serve
 from tests.workflows_fixtures import CallLog, TestGrpcServer, envelope
@@ -316,6 +316,13 @@ async def test_step_targets_are_called_over_the_tls_their_pattern_gives(tmp_path
     finally:
         await secure.stop()
         await plain.stop()
+
+
+async def test_tls_files_no_channel_could_use_stop_the_process_at_start(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("not a certificate")
+    with pytest.raises(SettingsError, match=r"WFJOBS_STEP_TARGET_TLS: .*ca= holds no PEM"):
+        _runtime(WFJOBS_STEP_TARGET_TLS=f"127.0.0.1:*;ca={bogus}")
 
 
 async def test_at_most_the_settings_channels_stay_open(tmp_path: Path) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from tests.certificates import ServerCertificates, make_client_certificate, make_server_certificates
 from workflows.invokers import GrpcChannels
 from workflows.rules import RuleError, RuleLimits, check_limits
 from workflows.targets import TargetPattern, TargetPolicy, TlsRule
@@ -63,17 +67,47 @@ def test_a_pattern_whose_host_no_target_may_name_is_refused(never: str) -> None:
         TargetPattern.parse(never)
 
 
-def test_tls_rules_read_their_files_and_pair_cert_with_key(
-    tmp_path: pytest.TempPathFactory,
-) -> None:
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes(b"CA")
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> ServerCertificates:
+    return make_server_certificates(tmp_path_factory.mktemp("tls"))
+
+
+def test_tls_rules_read_their_files_and_pair_cert_with_key(certs: ServerCertificates) -> None:
+    ca = certs.ca_file
     rule = TlsRule.parse(f"*.internal:443;ca={ca};authority=svc.internal")
-    assert rule.ca == b"CA" and rule.cert is None and rule.authority == "svc.internal"
+    assert rule.ca == ca.read_bytes() and rule.cert is None and rule.authority == "svc.internal"
+    client = TlsRule.parse(f"*.internal:443;cert={certs.certificate_file};key={certs.key_file}")
+    assert client.key == certs.key_file.read_bytes()
     with pytest.raises(ValueError, match="needs both cert= and key="):
         TlsRule.parse(f"*.internal:443;cert={ca}")
     with pytest.raises(ValueError, match="cannot read"):
         TlsRule.parse("*.internal:443;ca=/no/such/file")
+
+
+def test_tls_files_a_channel_could_not_use_are_refused_when_parsed(
+    certs: ServerCertificates, tmp_path: Path
+) -> None:
+    # gRPC reads them only when a call dials, and every call would then fail
+    # as if the target could not be reached.
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("not a certificate")
+    encrypted = make_client_certificate(
+        certs, tmp_path / "client", common_name="worker", key_password="key-secret"
+    )
+    cert, key = certs.certificate_file, certs.key_file
+    for rule, refusal in (
+        (f"*.internal:443;ca={bogus}", "ca= holds no PEM certificate"),
+        (f"*.internal:443;ca={key}", "ca= holds no PEM certificate"),
+        (f"*.internal:443;cert={cert};key={bogus}", "are not a PEM certificate and its key"),
+        (f"*.internal:443;cert={bogus};key={key}", "are not a PEM certificate and its key"),
+        (f"*.internal:443;cert={cert};key={certs.ca_key_file}", "not a PEM certificate and its"),
+        (
+            f"*.internal:443;cert={encrypted.certificate_file};key={encrypted.key_file}",
+            "key= is encrypted, and gRPC takes no password for it",
+        ),
+    ):
+        with pytest.raises(ValueError, match=re.escape(refusal)):
+            TlsRule.parse(rule)
 
 
 async def test_the_channel_cache_closes_the_least_recently_used() -> None:

@@ -25,6 +25,9 @@ Faults are told apart in one place, ``classify_fault``:
 Per-job order: one job's rows come in id order within a batch, they share a key
 and so a partition, and the producer is idempotent with at most five requests in
 flight, which is what keeps librdkafka's retries from reordering a partition.
+Its batches are kept within the topic's ``max.message.bytes``, so the broker
+never refuses one for the size of others' records while a later batch of the
+partition goes in (``_read_topic_limit``).
 
 The loop sleeps ``interval_s`` when idle and wakes early when ``wake`` is set:
 the process's shared LISTEN connection (``streams.listener``) sets it on every
@@ -55,6 +58,11 @@ from uuid import UUID
 
 import mode
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf.message import Error as ProtobufError
@@ -78,6 +86,35 @@ DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
 _NOT_REPORTED = "no delivery report from the producer"
 # How often the loop reads the backlog (oldest PENDING age, FAILED rows) for health.
 BACKLOG_EVERY_S = 5.0
+
+
+# librdkafka's default batch.size: how much of one partition's records one
+# produce request carries.
+DEFAULT_BATCH_BYTES = 1_000_000
+# A record batch's own framing, before its first record: whatever the records
+# hold, a batch of one is larger than its key, value and headers by this much.
+RECORD_BATCH_OVERHEAD = 61
+# The producer's settings about delivery, not about reaching the cluster: left
+# out of the client that reads the topic's configuration.
+_DELIVERY_SETTINGS = frozenset(
+    {
+        "enable.idempotence",
+        "acks",
+        "max.in.flight.requests.per.connection",
+        "linger.ms",
+        "message.timeout.ms",
+        "batch.size",
+    }
+)
+# What a broker answers a client that may not read the topic's configuration
+# (or about a topic that does not exist yet, made with the broker's defaults).
+_LIMIT_UNREADABLE_CODES = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
 
 
 class _Queue(enum.Enum):
@@ -269,6 +306,13 @@ class OutboxRelay(mode.Service):
         # margin only covers the time librdkafka needs to raise it.
         self._flush_timeout_s = timeout_ms / 1000 + 5.0
         self._producer: Producer | None = None
+        # The events topic's max.message.bytes, read before each producer is made
+        # (None: not known, the broker's default assumed).
+        self._topic_max_bytes: int | None = None
+        self._compressed = any(
+            str(self._producer_config.get(name, "none")).lower() != "none"
+            for name in ("compression.type", "compression.codec")
+        )
         self._fatal: KafkaError | None = None
         self._explain = explain
         self._tracing = tracing
@@ -548,6 +592,10 @@ class OutboxRelay(mode.Service):
         except Exception as exc:
             failure = self._failure(exc, "schema registry")
             return [failure] * len(rows)
+        if self._producer is None:
+            unread = await self._read_topic_limit()
+            if unread is not None:
+                return [unread] * len(rows)
         producer = self._ensure_producer()
         outcomes: list[PublishFailure | None] = [None] * len(rows)
         reports: list[KafkaError | KafkaException | str | None] = [_NOT_REPORTED] * len(rows)
@@ -579,9 +627,16 @@ class OutboxRelay(mode.Service):
                     parent=stored_trace(row.traceparent, row.tracestate),
                     topic=self._topic,
                 )
+            carried = headers.get(index)
+            too_large = self._too_large_for_topic(key, value, carried)
+            if too_large is not None:
+                # Sent, it would be refused alone while the job's later events,
+                # in later batches, went in ahead of it.
+                outcomes[index] = self._failure(too_large, "not produced")
+                failed_jobs.add(key)
+                continue
             # The whole batch is handed over with no await in between unless
             # the local queue is full; the pass then awaits the reports once.
-            carried = headers.get(index)
             error = self._produce_now(producer, key, value, on_delivery, carried)
             if error is _Queue.FULL:
                 error = await self._produce(producer, key, value, on_delivery, carried)
@@ -739,9 +794,71 @@ class OutboxRelay(mode.Service):
 
     # -- producer
 
+    async def _read_topic_limit(self) -> PublishFailure | None:
+        """Read the topic's ``max.message.bytes`` for the producer about to be made;
+        a transient failure when the broker does not answer.
+
+        librdkafka fills a partition's batch up to ``batch.size``. A topic that
+        takes less refuses a batch of records that each fit, while a later,
+        smaller batch of the same partition goes in: a job's later event then
+        reaches the topic before the earlier one, sent again alone. Batches
+        kept within the topic's limit are never refused for others' records. A
+        relay that may not read the topic's configuration sends as before.
+        """
+        config = {k: v for k, v in self._producer_config.items() if k not in _DELIVERY_SETTINGS}
+        # Refused credentials are explained as the producer's are.
+        config.setdefault("error_cb", self._on_error)
+        config.setdefault("logger", logging.getLogger(f"{__name__}.librdkafka"))
+        timeout_s = self._flush_timeout_s - 5.0
+        try:
+            self._topic_max_bytes = await asyncio.to_thread(
+                _topic_max_message_bytes, config, self._topic, timeout_s
+            )
+        except KafkaException as exc:
+            inner = exc.args[0] if exc.args else None
+            if not isinstance(inner, KafkaError) or inner.code() not in _LIMIT_UNREADABLE_CODES:
+                return self._failure(exc, f"cannot read the configuration of {self._topic}")
+            log.warning(
+                "%s: the limits of %s are unknown (%s); batches of up to %d bytes",
+                self._name,
+                self._topic,
+                _describe(exc),
+                int(self._producer_config.get("batch.size", DEFAULT_BATCH_BYTES)),
+            )
+            self._topic_max_bytes = None
+        except TimeoutError:
+            return PublishFailure(
+                f"cannot read the configuration of {self._topic}: timed out",
+                permanent=False,
+            )
+        return None
+
+    def _too_large_for_topic(
+        self, key: str, value: bytes, headers: Headers | None
+    ) -> KafkaError | None:
+        """The topic's refusal of this record, when it is certain before sending
+        (a compressed batch may take a record larger than the limit)."""
+        limit = self._topic_max_bytes
+        if limit is None or self._compressed:
+            return None
+        size = len(key.encode()) + len(value) + RECORD_BATCH_OVERHEAD
+        for name, header in headers or ():
+            carried = header.encode() if isinstance(header, str) else header or b""
+            size += len(name.encode()) + len(carried)
+        if size <= limit:
+            return None
+        return KafkaError(
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            f"the record takes at least {size} bytes, more than the max.message.bytes "
+            f"({limit}) of {self._topic}",
+        )
+
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             config = dict(self._producer_config)
+            if self._topic_max_bytes is not None:
+                batch_bytes = int(config.get("batch.size", DEFAULT_BATCH_BYTES))
+                config["batch.size"] = min(batch_bytes, self._topic_max_bytes)
             config.setdefault("error_cb", self._on_error)
             # librdkafka's own log lines go through logging, not straight to stderr.
             config.setdefault("logger", logging.getLogger(f"{__name__}.librdkafka"))
@@ -769,6 +886,16 @@ class OutboxRelay(mode.Service):
         producer, self._producer, self._fatal = self._producer, None, None
         if producer is not None:
             await asyncio.to_thread(producer.flush, 0)
+
+
+def _topic_max_message_bytes(config: Mapping[str, Any], topic: str, timeout_s: float) -> int:
+    """``topic``'s ``max.message.bytes``, asked of the cluster (blocking)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    admin = AdminClient(dict(config))
+    future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+    # The request's own timeout answers first; the margin only covers raising it.
+    entries = future.result(timeout=timeout_s + 5.0)
+    return int(entries["max.message.bytes"].value)
 
 
 def _report(

@@ -803,7 +803,8 @@ class OutboxRelay(mode.Service):
         smaller batch of the same partition goes in: a job's later event then
         reaches the topic before the earlier one, sent again alone. Batches
         kept within the topic's limit are never refused for others' records. A
-        relay that may not read the topic's configuration sends as before.
+        relay that may not read the topic's configuration, or whose broker does
+        not tell this limit, sends as before.
         """
         config = {k: v for k, v in self._producer_config.items() if k not in _DELIVERY_SETTINGS}
         # Refused credentials are explained as the producer's are.
@@ -888,14 +889,16 @@ class OutboxRelay(mode.Service):
             await asyncio.to_thread(producer.flush, 0)
 
 
-def _topic_max_message_bytes(config: Mapping[str, Any], topic: str, timeout_s: float) -> int:
-    """``topic``'s ``max.message.bytes``, asked of the cluster (blocking)."""
+def _topic_max_message_bytes(config: Mapping[str, Any], topic: str, timeout_s: float) -> int | None:
+    """``topic``'s ``max.message.bytes``, asked of the cluster (blocking); None when
+    the broker's answer leaves it out (Tansu, the ``make dev`` broker, does)."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
     admin = AdminClient(dict(config))
     future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
     # The request's own timeout answers first; the margin only covers raising it.
     entries = future.result(timeout=timeout_s + 5.0)
-    return int(entries["max.message.bytes"].value)
+    entry = entries.get("max.message.bytes")
+    return None if entry is None or entry.value is None else int(entry.value)
 
 
 def _report(

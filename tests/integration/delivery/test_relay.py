@@ -228,6 +228,22 @@ async def test_without_registry_events_are_plain_protobuf(
     assert events == [EventDecoder().decode(message.value()) for message in messages]
 
 
+async def test_events_reach_the_dev_stacks_tansu_broker(
+    store: Store, tansu_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # Tansu describes a topic's configuration without max.message.bytes.
+    topic = new_topic(tansu_bootstrap)
+    relay = make_relay(store, tansu_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    job_id = await run_job(store, steps=1)
+
+    await drain(relay, store)
+    await relay.stop()
+
+    messages = await asyncio.to_thread(consume, tansu_bootstrap, topic, 3)
+    events = [EventDecoder().decode(message.value()) for message in messages]
+    assert [event.event_id for event in events] == await outbox_ids(store, job_id)
+
+
 async def test_avro_events_round_trip(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -56,8 +56,13 @@ DEFAULT_RULE_NESTING = 3
 _PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*"
 _ASSIGNMENT = re.compile(rf"\s*({_PATH})\s*=(?!=)(.*)", re.DOTALL)
 _CHAIN = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)+)(\s*\()?")
+# CEL's string literals as its lexer reads them: a raw one (``r`` prefix) takes
+# a backslash as itself, any other as an escape, triple-quoted ones included.
+# Read any other way, a literal ends elsewhere and swallows code, whose macros
+# the nesting cap would then not count.
 _STRING_LITERAL = re.compile(
-    r"""[rRbB]{0,2}(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""",
+    r"""(?:[rR][bB]?|[bB][rR])(?:'''.*?'''|\"\"\".*?\"\"\"|'[^'\n]*'|"[^"\n]*")"""
+    r"""|[bB]?(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""",
     re.DOTALL,
 )
 _MEMBER_CHAIN = re.compile(r"\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\s*")

@@ -20,6 +20,13 @@ from workflows.targets import TargetPattern, TargetPolicy, TlsRule
         ("input.ids.all(x, input.ids.exists(y, y == x))", 2),
         ("a.map(x, b.map(y, c.filter(z, z))) + d.map(w, w)", 3),
         ("'.map(' + input.text", 0),  # inside a string literal: not a macro
+        ("r'.map(' + '\\'.map(' + input.text", 0),
+        # A raw string takes a backslash as itself, so it ends at its second quote,
+        # and a triple-quoted one escapes as a quoted one does: the macros between
+        # such literals are code, and count.
+        ("size(r'\\') + size(a.map(x, b.map(y, y))) + size(r'\\') > 0", 2),
+        ('size(br"\\") + size(a.map(x, b.map(y, y))) + size(R"\\") > 0', 2),
+        ("size('''a\\'''') + size(a.map(x, b.map(y, y))) + size('z') > 0", 2),
         ("size(input.ids) > 0 && (input.text != '')", 0),
     ],
 )

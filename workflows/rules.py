@@ -56,15 +56,27 @@ DEFAULT_RULE_NESTING = 3
 _PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*"
 _ASSIGNMENT = re.compile(rf"\s*({_PATH})\s*=(?!=)(.*)", re.DOTALL)
 _CHAIN = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)+)(\s*\()?")
-# CEL's string literals as its lexer reads them: a raw one (``r`` prefix) takes
-# a backslash as itself, any other as an escape, triple-quoted ones included.
-# Read any other way, a literal ends elsewhere and swallows code, whose macros
-# the nesting cap would then not count.
-_STRING_LITERAL = re.compile(
+# CEL's string literals and comments as its lexer reads them: a raw literal
+# (``r`` prefix) takes a backslash as itself, any other as an escape,
+# triple-quoted ones included; ``//`` outside a literal comments out the rest of
+# the line. Read any other way, a literal ends elsewhere, or a quote in a
+# comment starts one, and it swallows code whose macros the nesting cap would
+# then not count.
+_LITERAL_OR_COMMENT = re.compile(
     r"""(?:[rR][bB]?|[bB][rR])(?:'''.*?'''|\"\"\".*?\"\"\"|'[^'\n]*'|"[^"\n]*")"""
-    r"""|[bB]?(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""",
+    r"""|[bB]?(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
+    r"""|//[^\n]*""",
     re.DOTALL,
 )
+
+
+def _blank_literals(expression: str) -> str:
+    """``expression`` with each string literal an empty one and each comment gone."""
+    return _LITERAL_OR_COMMENT.sub(
+        lambda found: "" if found.group().startswith("//") else '""', expression
+    )
+
+
 _MEMBER_CHAIN = re.compile(r"\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\s*")
 _UNDEFINED = re.compile(r"Undefined variable or function: '([^']*)'")
 _BINDER_MACROS = r"(?:all|exists|exists_one|existsOne|map|filter|bind|transformList|transformMap)"
@@ -152,7 +164,7 @@ def check_limits(expression: str, limits: RuleLimits) -> None:
         )
     depth = deepest = 0
     frames: list[bool] = []  # per open parenthesis: does it open a macro's arguments?
-    text = _STRING_LITERAL.sub('""', expression)
+    text = _blank_literals(expression)
     position = 0
     while position < len(text):
         macro = _MACRO_CALL.match(text, position)
@@ -531,7 +543,7 @@ def _is_bound(name: str, expression: str) -> bool:
 
 
 def _member_chain_problem(expression: str, env: Mapping[str, Descriptor]) -> str | None:
-    stripped = _STRING_LITERAL.sub('""', expression)
+    stripped = _blank_literals(expression)
     for match in _CHAIN.finditer(stripped):
         parts = [part.strip() for part in match.group(1).split(".")]
         if match.group(2):

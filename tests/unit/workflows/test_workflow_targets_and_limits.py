@@ -27,6 +27,11 @@ from workflows.targets import TargetPattern, TargetPolicy, TlsRule
         ("size(r'\\') + size(a.map(x, b.map(y, y))) + size(r'\\') > 0", 2),
         ('size(br"\\") + size(a.map(x, b.map(y, y))) + size(R"\\") > 0', 2),
         ("size('''a\\'''') + size(a.map(x, b.map(y, y))) + size('z') > 0", 2),
+        # A comment runs to the end of its line, quotes in it included; `//` in a
+        # literal starts none.
+        ("size(a.map(x, // '''\n b.map(y, y))) + size('''x''') > 0", 2),
+        ("size(a.map(x, x)) > 0 // or b.map(y, c.map(z, z))", 1),
+        ("size('//' + string(a.map(x, b.map(y, y)))) > 0", 2),
         ("size(input.ids) > 0 && (input.text != '')", 0),
     ],
 )

@@ -374,6 +374,11 @@ def kafka_security(settings: Settings) -> KafkaSecurity:
         raise SecuritySettingsError(
             "WFJOBS_KAFKA_SSL_CERT_FILE and WFJOBS_KAFKA_SSL_KEY_FILE go together: set both or none"
         )
+    if key_password and not settings.kafka_ssl_key_file:
+        raise SecuritySettingsError(
+            f"{key_password_env} set, but WFJOBS_KAFKA_SSL_KEY_FILE is not: there is no key "
+            "for it to open"
+        )
     for name in ("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file"):
         _check_readable(settings, name)
 

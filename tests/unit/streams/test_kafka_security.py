@@ -295,6 +295,17 @@ def test_a_wrong_key_password_is_refused_naming_it(
         settings({**env, "WFJOBS_KAFKA_SSL_KEY_PASSWORD_FILE": str(tmp_path / "key-password")})
 
 
+def test_a_key_password_without_a_key_is_refused(certs: ServerCertificates) -> None:
+    tls = {
+        "KAFKA_BOOTSTRAP_SERVERS": "k:9093",
+        "WFJOBS_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "WFJOBS_KAFKA_SSL_CA_FILE": str(certs.ca_file),
+        "WFJOBS_KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD,
+    }
+    with pytest.raises(SettingsError, match=r"WFJOBS_KAFKA_SSL_KEY_PASSWORD set, but .*KEY_FILE"):
+        settings(tls)
+
+
 # Checks the settings of an encrypted key without its password, in a process
 # whose controlling terminal is ``pty``: nothing may ask for the password there.
 _WITHOUT_PASSWORD = """

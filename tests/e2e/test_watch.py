@@ -66,7 +66,9 @@ async def test_watch_prints_every_event_once_in_order_and_exits_with_the_end_sta
     stack: Stack,
 ) -> None:
     url = await _start(stack)
-    job_id = await _submit(url, stack, {"text": "watch me run", "delay_ms": 1200})
+    # Slow enough for the command to connect while its first step still runs:
+    # an ended job's watch shows no progress.
+    job_id = await _submit(url, stack, {"text": "watch me run", "delay_ms": 4000})
     done = await _watch(stack, url, job_id, "--json")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]

@@ -44,6 +44,35 @@ async def read_attempts(conn: AsyncConnection[TupleRow], job_id: UUID) -> tuple[
     return tuple(_attempt(row) for row in rows)
 
 
+async def read_outbox_state(conn: AsyncConnection[TupleRow], job_id: UUID) -> OutboxState:
+    """How many of the job's events wait, failed, or went out, on ``conn``."""
+    cursor = await conn.execute(SELECT_OUTBOX_STATE_SQL, {"job_id": job_id})
+    row = await cursor.fetchone()
+    assert row is not None  # an aggregate always answers one row
+    pending, failed, published, oldest_unsent_at, last_error = row
+    return OutboxState(
+        pending=pending,
+        failed=failed,
+        published=published,
+        oldest_unsent_at=oldest_unsent_at,
+        last_error=last_error,
+    )
+
+
+async def read_queue_position(
+    conn: AsyncConnection[TupleRow], *, run_after: datetime, created_at: datetime, limit: int
+) -> tuple[datetime, int]:
+    """The database's now, and how many claimable jobs a claim takes before a
+    QUEUED job with these times (counted no further than ``limit``), on ``conn``."""
+    cursor = await conn.execute(
+        SELECT_QUEUE_POSITION_SQL,
+        {"run_after": run_after, "created_at": created_at, "limit": limit},
+    )
+    row = await cursor.fetchone()
+    assert row is not None  # a SELECT without FROM always answers one row
+    return row[0], int(row[1])
+
+
 class HistoryStore:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -53,34 +82,5 @@ class HistoryStore:
         async with self._pool.connection() as conn:
             return await read_attempts(conn, job_id)
 
-    async def outbox_state(self, job_id: UUID) -> OutboxState:
-        """How many of the job's events wait, failed, or went out."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(SELECT_OUTBOX_STATE_SQL, {"job_id": job_id})
-            row = await cursor.fetchone()
-        assert row is not None  # an aggregate always answers one row
-        pending, failed, published, oldest_unsent_at, last_error = row
-        return OutboxState(
-            pending=pending,
-            failed=failed,
-            published=published,
-            oldest_unsent_at=oldest_unsent_at,
-            last_error=last_error,
-        )
 
-    async def queue_position(
-        self, *, run_after: datetime, created_at: datetime, limit: int
-    ) -> tuple[datetime, int]:
-        """The database's now, and how many claimable jobs a claim takes before a
-        QUEUED job with these times (counted no further than ``limit``)."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                SELECT_QUEUE_POSITION_SQL,
-                {"run_after": run_after, "created_at": created_at, "limit": limit},
-            )
-            row = await cursor.fetchone()
-        assert row is not None  # a SELECT without FROM always answers one row
-        return row[0], int(row[1])
-
-
-__all__ = ["HistoryStore", "read_attempts"]
+__all__ = ["HistoryStore", "read_attempts", "read_outbox_state", "read_queue_position"]

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Unpack
 from uuid import UUID
@@ -61,7 +62,12 @@ from store.definitions import validate_workflow_name
 from store.errors import refused_value
 from store.group_commit import Answer, GroupCommit
 from store.group_commit_sql import Kind
-from store.history import HistoryStore, read_attempts
+from store.history import (
+    HistoryStore,
+    read_attempts,
+    read_outbox_state,
+    read_queue_position,
+)
 from store.history_sql import ONE_SNAPSHOT_SQL, ErrorClass
 from store.pool import Pool
 from store.records import (
@@ -75,6 +81,7 @@ from store.records import (
     JobPage,
     JobSummary,
     Lease,
+    OutboxState,
     RetryOutcome,
     SegmentProgress,
     StepOutcome,
@@ -1111,26 +1118,23 @@ class RunStore:
         async with self._pool.connection() as conn:
             return await _fetch_job(conn, SELECT_JOB_SQL, job_id)
 
-    async def get_with_history(self, job_id: UUID | str) -> tuple[Job, tuple[Attempt, ...]]:
-        """The job row and its ended attempts, oldest first, as of one moment.
-
-        Read apart, an attempt that ends between the two reads would show as
-        ended beside a row still read as running it.
-        """
-        job_id = _as_uuid(job_id)
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[JobSnapshot]:
+        """Reads that all see one moment (a read-only REPEATABLE READ transaction)."""
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(ONE_SNAPSHOT_SQL)
-            job = await _fetch_job(conn, SELECT_JOB_SQL, job_id)
-            return job, await read_attempts(conn, job_id)
+            yield JobSnapshot(conn)
+
+    async def get_with_history(self, job_id: UUID | str) -> tuple[Job, tuple[Attempt, ...]]:
+        """The job row and its ended attempts, oldest first, as of one moment."""
+        async with self.snapshot() as snapshot:
+            job = await snapshot.job(job_id)
+            return job, await snapshot.attempts(job.job_id)
 
     async def count_queued(self, *, limit: int) -> int:
         """How many jobs are QUEUED, counting no further than ``limit``."""
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(COUNT_QUEUED_SQL, {"limit": limit})
-            row = await cursor.fetchone()
-        return int(row[0]) if row is not None else 0
+            return await _count_queued(conn, limit)
 
     async def list(
         self,
@@ -1207,6 +1211,45 @@ def _lease_lost(lease: Lease, what: str) -> LeaseLost:
         f"worker {lease.worker_id!r} no longer holds job {lease.job_id} (attempt "
         f"{lease.attempt}); could not {what}, nothing was written"
     )
+
+
+class JobSnapshot:
+    """Reads of one job and what surrounds it, all as of one moment.
+
+    Read apart, an attempt that ends between two reads would show as ended
+    beside a row still read as running it.
+    """
+
+    def __init__(self, conn: AsyncConnection[TupleRow]) -> None:
+        self._conn = conn
+
+    async def job(self, job_id: UUID | str) -> Job:
+        """The job row; NotFound when there is none."""
+        return await _fetch_job(self._conn, SELECT_JOB_SQL, _as_uuid(job_id))
+
+    async def attempts(self, job_id: UUID) -> tuple[Attempt, ...]:
+        return await read_attempts(self._conn, job_id)
+
+    async def outbox_state(self, job_id: UUID) -> OutboxState:
+        return await read_outbox_state(self._conn, job_id)
+
+    async def queue_position(
+        self, *, run_after: datetime, created_at: datetime, limit: int
+    ) -> tuple[datetime, int]:
+        return await read_queue_position(
+            self._conn, run_after=run_after, created_at=created_at, limit=limit
+        )
+
+    async def count_queued(self, *, limit: int) -> int:
+        return await _count_queued(self._conn, limit)
+
+
+async def _count_queued(conn: AsyncConnection[TupleRow], limit: int) -> int:
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    cursor = await conn.execute(COUNT_QUEUED_SQL, {"limit": limit})
+    row = await cursor.fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 async def _fetch_job(

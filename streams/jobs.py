@@ -393,18 +393,18 @@ class Jobs:
         """What ``streams.explain`` needs to say why the job is where it is."""
         settings = self._runtime.settings
         with outages_as_unavailable():
-            runs = self._runtime.require_runs()
-            job = _visible(await runs.get(job_id), owner)
-            history = await runs.history.attempts(job.job_id)
-            outbox = await runs.history.outbox_state(job.job_id)
-            queued = job.status == Status.QUEUED
-            now, ahead = await runs.history.queue_position(
-                run_after=job.run_after,
-                created_at=job.created_at,
-                limit=EXPLAIN_AHEAD_LIMIT if queued else 0,
-            )
-            cap = settings.max_queued_jobs
-            depth = await runs.count_queued(limit=cap) if cap > 0 else 0
+            async with self._runtime.require_runs().snapshot() as snapshot:
+                job = _visible(await snapshot.job(job_id), owner)
+                history = await snapshot.attempts(job.job_id)
+                outbox = await snapshot.outbox_state(job.job_id)
+                queued = job.status == Status.QUEUED
+                now, ahead = await snapshot.queue_position(
+                    run_after=job.run_after,
+                    created_at=job.created_at,
+                    limit=EXPLAIN_AHEAD_LIMIT if queued else 0,
+                )
+                cap = settings.max_queued_jobs
+                depth = await snapshot.count_queued(limit=cap) if cap > 0 else 0
         return ExplainFacts(
             job=job,
             history=history,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
@@ -29,7 +30,10 @@ SELECT count(*) FROM pg_locks
 """
 
 
-async def test_get_job_never_shows_a_running_attempt_as_ended(live_api: LiveApi) -> None:
+async def _read_while_an_attempt_ends(live_api: LiveApi, verb: str) -> dict[str, Any]:
+    """``verb``'s answer about a RUNNING job whose attempt ends while the answer is read:
+    the history is held still until the attempt has ended, so a read that took
+    the job first must wait there, and then read what was so then."""
     await store_review(live_api)
     body = {"workflow_name": "web-review", "input": {"text": "look"}}
     async with live_api.session.post(
@@ -41,10 +45,8 @@ async def test_get_job_never_shows_a_running_attempt_as_ended(live_api: LiveApi)
     assert claimed is not None
     dsn = live_api.runtime.settings.database_url
     async with await psycopg.AsyncConnection.connect(dsn) as ender:
-        # The history is held still until the attempt has ended: a get-job that
-        # read the job first must wait there, and then read what was so then.
         await ender.execute("LOCK TABLE workflow_run_attempt IN ACCESS EXCLUSIVE MODE")
-        url = live_api.url + f"/v1/workflow-runs/{job_id}"
+        url = live_api.url + f"/v1/workflow-runs/{job_id}{verb}"
         got = asyncio.ensure_future(live_api.session.get(url, headers=live_api.auth))
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
             for _ in range(200):
@@ -54,14 +56,28 @@ async def test_get_job_never_shows_a_running_attempt_as_ended(live_api: LiveApi)
                 await asyncio.sleep(0.02)
             else:
                 got.cancel()
-                raise AssertionError("get-job never read the history")
+                raise AssertionError(f"{verb or 'get-job'} never read the history")
         await ender.execute(END_ATTEMPT_SQL, {"job_id": job_id})
         await ender.commit()
     response = await got
     assert response.status == 200, await response.text()
-    job = (await response.json())["job"]
+    answer: dict[str, Any] = await response.json()
+    return answer
+
+
+async def test_get_job_never_shows_a_running_attempt_as_ended(live_api: LiveApi) -> None:
+    job = (await _read_while_an_attempt_ends(live_api, ""))["job"]
     history = job.get("history", [])
     if job["status"] == "RUNNING":
         assert history == [], f"attempt {job['attempt']} is RUNNING and ended: {history}"
+    else:
+        assert [a["outcome"] for a in history] == ["RETRY_SCHEDULED"]
+
+
+async def test_explain_never_shows_a_running_attempt_as_ended(live_api: LiveApi) -> None:
+    answer = await _read_while_an_attempt_ends(live_api, ":explain")
+    history = answer.get("history", [])
+    if answer["status"] == "RUNNING":
+        assert history == [], f"the attempt is RUNNING and ended: {history}"
     else:
         assert [a["outcome"] for a in history] == ["RETRY_SCHEDULED"]

@@ -807,9 +807,10 @@ class Jobs:
         page_token: str = "",
         owner: str | None = None,
     ) -> FailedEventPage:
-        """FAILED outbox rows (the relay's dead letters), oldest first."""
+        """FAILED outbox rows (the relay's dead letters), oldest first; of a
+        ``job_id`` that names no job the caller may see, ``NotFound``."""
         with outages_as_unavailable():
-            if job_id is not None and owner is not None:
+            if job_id is not None:
                 await self.get_job(job_id, owner=owner)
             return await self._runtime.require_dead_letters().list_failed(
                 job_id=job_id, limit=limit, page_token=page_token, owner=owner
@@ -828,9 +829,9 @@ class Jobs:
             if ids is not None:
                 return await dead_letters.redrive_ids(ids, owner=owner)
             if job_id is not None:
-                if owner is not None:
-                    # Another owner's job is a job that does not exist.
-                    await self.get_job(job_id, owner=owner)
+                # Another owner's job is a job that does not exist: either is
+                # told so, not that it had nothing to redrive.
+                await self.get_job(job_id, owner=owner)
                 return await dead_letters.redrive_job(job_id, owner=owner)
             return await dead_letters.redrive_all(owner=owner)
 

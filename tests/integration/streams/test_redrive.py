@@ -175,6 +175,17 @@ async def test_redrive_by_job_and_all_through_http_and_bad_input(
             assert says in await _error(response, 400, "INVALID_ARGUMENT"), query
 
 
+async def test_a_job_that_does_not_exist_is_not_found_by_the_outbox_verbs(dsn: str) -> None:
+    # The client's token is fleet-wide: one that reaches only its own jobs is
+    # told the same of another owner's (tests/integration/auth).
+    async with serve({"DATABASE_URL": dsn}) as (client, _):
+        missing = str(uuid.uuid4())
+        listed = await client.get("/v1/outbox", params={"job_id": missing})
+        assert await _error(listed, 404, "NOT_FOUND") == f"job {missing} not found"
+        redriven = await client.post("/v1/outbox:redrive", json={"job_id": missing})
+        assert await _error(redriven, 404, "NOT_FOUND") == f"job {missing} not found"
+
+
 # ---------------------------------------------------------------------- requests DLQ
 
 

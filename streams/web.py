@@ -319,10 +319,18 @@ def _agree_with_path(data: dict[str, Any], **path: str) -> None:
     """Fill in the body's copies of the path's values; refuse one that differs."""
     for key, value in path.items():
         given = data.setdefault(key, value)
-        if given != value:
+        if given != value and not (key == "job_id" and _same_uuid(given, value)):
             raise InvalidArgument(
                 f"{key} in the body ({given!r}) differs from the one in the path ({value!r})"
             )
+
+
+def _same_uuid(given: Any, value: str) -> bool:
+    # A UUID's hex digits may be sent in either case; it is one job id.
+    try:
+        return isinstance(given, str) and parse_job_id(given) == parse_job_id(value)
+    except InvalidArgument:
+        return False
 
 
 def _complete_step_now(body: bytes, job_id: str, step_name: str) -> tuple[UUID, dict[str, Any]]:

@@ -311,13 +311,17 @@ async def test_a_body_naming_another_job_or_step_than_its_path_is_refused(dsn: s
             assert message.startswith(
                 f"{key} in the body ({given!r}) differs from the one in the path"
             )
-        # The same ids in the body as in the path are taken.
+        # The same ids in the body as in the path are taken, a job id in
+        # capitals being the same UUID.
         answer = await client.post(
-            f"{run}/steps/review:complete",
+            f"/v1/workflow-runs/{job_id.upper()}/steps/review:complete",
             json={"job_id": job_id, "step_name": "review", "response": {"approved": True}},
         )
         assert answer.status == 200, await answer.text()
         assert (await _json(answer))["outcome"] == "COMPLETED"
+        cancelled = await client.post(f"{run}:cancel", json={"job_id": job_id.upper()})
+        assert cancelled.status == 200, await cancelled.text()
+        assert (await _json(cancelled))["job"]["status"] == "CANCELLED"
 
 
 async def test_a_number_json_cannot_hold_is_refused_naming_where_and_stores_nothing(

@@ -17,6 +17,7 @@ from faust.web import Request, Response, View
 from google.protobuf.descriptor import FieldDescriptor
 
 from schemas.contract import api_pb2
+from schemas.gen.buf.validate import validate_pb2
 from streams.convert import LISTINGS
 from streams.http_errors import JSON_MEDIA_TYPE
 
@@ -106,6 +107,11 @@ class _Schemas:
         if descriptor.full_name in _LISTED:
             # Sent even when empty (``streams.convert.listing_json``).
             schema["required"] = list(properties)
+        else:
+            # A request without one of these is refused (``schemas.contract.check_incoming``).
+            required = [field.name for field in descriptor.fields if _required_by_rule(field)]
+            if required:
+                schema["required"] = required
         return schema
 
     def _field(self, field: Descriptor) -> dict[str, Any]:
@@ -126,6 +132,13 @@ class _Schemas:
         if field.is_repeated:
             return {"type": "array", "items": single}
         return single
+
+
+def _required_by_rule(field: Descriptor) -> bool:
+    options = field.GetOptions()
+    return bool(
+        options.HasExtension(validate_pb2.field) and options.Extensions[validate_pb2.field].required
+    )
 
 
 def _enum(descriptor: Descriptor) -> dict[str, Any]:

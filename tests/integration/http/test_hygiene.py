@@ -549,6 +549,29 @@ async def test_an_answer_that_lists_nothing_still_carries_its_lists(live_api: Li
     assert problems == []
 
 
+async def test_a_body_without_a_field_the_openapi_document_requires_is_refused(
+    live_api: LiveApi,
+) -> None:
+    _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
+    checked = []
+    for path, item in document["paths"].items():
+        target = path.format(job_id=uuid.uuid4(), step_name="review", name="web-review")
+        for method, operation in item.items():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            ref = (body or {}).get("schema", {}).get("$ref", "")
+            schema = document["components"]["schemas"].get(ref.rsplit("/", 1)[-1], {})
+            for name in schema.get("required", ()):
+                message = await _error(
+                    live_api, method.upper(), target, 400, "INVALID_ARGUMENT", body={}
+                )
+                assert name in message, (path, method, message)
+                checked.append((path, method, name))
+    assert sorted(checked) == [
+        ("/v1/workflow-runs/{job_id}/steps/{step_name}:complete", "post", "response"),
+        ("/v1/workflows/{name}", "put", "workflow"),
+    ]
+
+
 async def test_a_keyless_dead_letter_has_the_shape_the_openapi_document_gives_it() -> None:
     from streams.requests_dlq import DeadLetteredRequest, Position
 

@@ -61,6 +61,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
+    NewTopic,
     ResourceType,
 )
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -278,12 +279,15 @@ class OutboxRelay(mode.Service):
         explain: Callable[[Any, str], str | None] | None = None,
         tracing: Tracing | None = None,
         timings: RelayTimings | None = None,
+        create_topic: TopicShape | None = None,
         **kwargs: Any,
     ) -> None:
         """``explain(error, servers)`` names the settings behind a producer error that
         is configuration (refused credentials, a certificate that does not verify);
         ``tracing``: a span per event, its context in the event's headers (None: none);
-        ``timings``: the publish histogram (``None``, metrics off: nothing is timed)."""
+        ``timings``: the publish histogram (``None``, metrics off: nothing is timed);
+        ``create_topic``: the topic is made with this shape before the first
+        publish when missing (``WFJOBS_CREATE_TOPICS``; None: it is provisioned)."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
         if linger_s < 0:
@@ -292,6 +296,7 @@ class OutboxRelay(mode.Service):
         self._outbox = outbox
         self._producer_config = dict(producer_config)
         self._topic = topic
+        self._create_topic = create_topic
         self._serializer = serializer
         self._interval_s = interval_s
         self._batch = batch
@@ -811,6 +816,18 @@ class OutboxRelay(mode.Service):
         config.setdefault("error_cb", self._on_error)
         config.setdefault("logger", logging.getLogger(f"{__name__}.librdkafka"))
         timeout_s = self._flush_timeout_s - 5.0
+        if self._create_topic is not None:
+            # Before anything is sent: a broker that makes topics on first use
+            # would make it with its own defaults.
+            try:
+                await asyncio.to_thread(
+                    _create_missing_topic, config, self._topic, self._create_topic, timeout_s
+                )
+            except (KafkaException, TimeoutError) as exc:
+                # The deployment's to fix (too many replicas, no right to
+                # create), never the rows': they wait.
+                reason = f"cannot create {self._topic}: {_describe(exc)}"
+                return PublishFailure(reason, permanent=False)
         try:
             self._topic_max_bytes = await asyncio.to_thread(
                 _topic_max_message_bytes, config, self._topic, timeout_s
@@ -889,6 +906,29 @@ class OutboxRelay(mode.Service):
             await asyncio.to_thread(producer.flush, 0)
 
 
+@dataclass(frozen=True)
+class TopicShape:
+    """The partitions and replicas a topic the relay makes is given."""
+
+    partitions: int
+    replicas: int
+
+
+def _create_missing_topic(
+    config: Mapping[str, Any], topic: str, shape: TopicShape, timeout_s: float
+) -> None:
+    """Create ``topic`` unless the cluster has it already (blocking)."""
+    admin = AdminClient(dict(config))
+    new = NewTopic(topic, num_partitions=shape.partitions, replication_factor=shape.replicas)
+    future = admin.create_topics([new], request_timeout=timeout_s)[topic]
+    try:
+        future.result(timeout=timeout_s + 5.0)
+    except KafkaException as exc:
+        inner = exc.args[0] if exc.args else None
+        if not isinstance(inner, KafkaError) or inner.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
 def _topic_max_message_bytes(config: Mapping[str, Any], topic: str, timeout_s: float) -> int | None:
     """``topic``'s ``max.message.bytes``, asked of the cluster (blocking); None when
     the broker's answer leaves it out (Tansu, the ``make dev`` broker, does)."""
@@ -964,6 +1004,11 @@ def build_relay(
         stuck_after_s=settings.relay_stuck_after_s,
         tracing=tracing,
         timings=timings,
+        create_topic=(
+            TopicShape(settings.topic_partitions, settings.topic_replicas)
+            if settings.create_topics
+            else None
+        ),
     )
 
 
@@ -973,6 +1018,7 @@ __all__ = [
     "RelayOutbox",
     "RelayRow",
     "RelayStats",
+    "TopicShape",
     "build_relay",
     "classify_fault",
     "producer_config",

@@ -244,6 +244,70 @@ async def test_events_reach_the_dev_stacks_tansu_broker(
     assert [event.event_id for event in events] == await outbox_ids(store, job_id)
 
 
+def relay_settings(store: Store, bootstrap: str, **env: str) -> Settings:
+    return Settings.from_env(
+        {
+            "DATABASE_URL": store.dsn,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "WFJOBS_WORKER_ID": "relay-test",
+            **env,
+        }
+    )
+
+
+async def test_a_relay_alone_creates_its_topic_with_the_settings_shape(
+    store: Store, kafka_bootstrap: str
+) -> None:
+    # No worker declares it: the broker would make it on first use with its
+    # own partition count (3 here).
+    topic = f"relay-made-{uuid.uuid4().hex[:10]}"
+    settings = relay_settings(
+        store,
+        kafka_bootstrap,
+        WFJOBS_EVENTS_TOPIC=topic,
+        WFJOBS_CREATE_TOPICS="true",
+        WFJOBS_TOPIC_PARTITIONS="5",
+    )
+    relay = build_relay(settings, store.outbox)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    try:
+        job_id = await run_job(store, steps=1)
+        await drain(relay, store)
+        await relay.stop()
+        metadata = admin.list_topics(topic, timeout=10).topics[topic]
+        assert metadata.error is None and len(metadata.partitions) == 5
+        messages = await asyncio.to_thread(consume, kafka_bootstrap, topic, 3)
+        assert len(messages) == 3
+        assert {message.key() for message in messages} == {str(job_id).encode()}
+    finally:
+        for future in admin.delete_topics([topic]).values():
+            future.result(timeout=30)
+
+
+async def test_a_topic_the_broker_will_not_create_keeps_every_row_pending(
+    store: Store, kafka_bootstrap: str
+) -> None:
+    topic = f"relay-refused-{uuid.uuid4().hex[:10]}"
+    # One broker cannot hold two replicas.
+    settings = relay_settings(
+        store,
+        kafka_bootstrap,
+        WFJOBS_EVENTS_TOPIC=topic,
+        WFJOBS_CREATE_TOPICS="true",
+        WFJOBS_TOPIC_REPLICAS="2",
+    )
+    relay = build_relay(settings, store.outbox)
+    job_id = await run_job(store, steps=0, finish=False)
+    result = await relay.relay_once()
+    await relay.stop()
+    assert (result.transient, result.failed, result.published) == (1, 0, 0), result
+    [record] = await store.outbox.events_for(job_id)
+    assert (record.status, record.attempts) == ("PENDING", 0)
+    assert f"cannot create {topic}" in (record.last_error or "")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert topic not in admin.list_topics(timeout=10).topics
+
+
 async def test_avro_events_round_trip(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -98,7 +98,7 @@ async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
     # Proxies (and ``wfjobs watch``) cut a stream that stays silent: an outage
     # must not silence it, or the watch ends and its reconnects find no store.
     feed = _AwayFeed(pool)
-    watch = JobWatch(feed, poll_s=0.05, keepalive_s=0.3)
+    watch = JobWatch(feed, poll_s=0.05, keepalive_s=1.0)
     await watch.start()
     try:
         job_id = (await submit(store)).job.job_id
@@ -111,7 +111,7 @@ async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
         following = asyncio.create_task(follow())
         await _until(lambda: len(frames) == 1)
         feed.away = True
-        await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+        await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
         feed.away = False
         await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
         await asyncio.wait_for(following, timeout=10)
@@ -125,7 +125,7 @@ async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
 ) -> None:
     # A statement behind a lock (or on a connection whose server went without a
     # word) is never answered: the stream must not fall silent behind it.
-    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=0.3)
+    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=1.0)
     await watch.start()
     try:
         job_id = (await submit(store)).job.job_id
@@ -139,7 +139,7 @@ async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
         await _until(lambda: len(frames) == 1)
         async with await psycopg.AsyncConnection.connect(dsn) as holder:
             await holder.execute("LOCK TABLE workflow_run_progress IN ACCESS EXCLUSIVE MODE")
-            await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+            await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
             await holder.rollback()
         await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
         await asyncio.wait_for(following, timeout=10)
@@ -157,7 +157,7 @@ async def test_a_watch_keeps_its_stream_alive_while_its_token_check_goes_unanswe
     async def authorized() -> bool:
         return await tokens.verify(issued.token) is not None
 
-    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=0.3)
+    watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=1.0)
     await watch.start()
     try:
         job_id = (await submit(store)).job.job_id
@@ -171,7 +171,7 @@ async def test_a_watch_keeps_its_stream_alive_while_its_token_check_goes_unanswe
         await _until(lambda: len(frames) == 1)
         async with await psycopg.AsyncConnection.connect(dsn) as holder:
             await holder.execute("LOCK TABLE api_token IN ACCESS EXCLUSIVE MODE")
-            await _until(lambda: KEEPALIVE in frames, timeout_s=3.0)
+            await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
             await holder.rollback()
         await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
         await asyncio.wait_for(following, timeout=10)

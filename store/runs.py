@@ -27,6 +27,7 @@ that reports such a refusal always fits.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -1044,8 +1045,10 @@ class RunStore:
 
         ``verify(response)`` judges the response by the job's definition
         (parse against the step's output type, run its validate rules); it
-        runs while the row is locked, so it must be quick and free of I/O. The
-        job answered holds no definition.
+        runs while the row is locked, so it must be free of I/O. It runs on a
+        worker thread: what it costs is the sender's and the rules' author's
+        choice, and the event loop serves everyone else meanwhile. The job
+        answered holds no definition.
         """
         job_id = _as_uuid(job_id)
         if not step_name:
@@ -1065,7 +1068,7 @@ class RunStore:
                     job,
                     f"job {job_id} is {job.status}{waiting}, not WAITING on step {step_name!r}",
                 )
-            verdict = verify(response)
+            verdict = await asyncio.to_thread(verify, response)
             outcome: StepOutcome
             if verdict.accepted:
                 entry = {"name": step_name, "skipped": False, "response": verdict.response}

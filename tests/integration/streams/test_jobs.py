@@ -23,7 +23,8 @@ from streams.jobs import Jobs
 from streams.request_agent import Message, RequestHandler
 from streams.runtime import Runtime
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
-from tests.workflows_fixtures import envelope, tokenize_ids
+from tests.loop_gaps import with_longest_gap
+from tests.workflows_fixtures import envelope, tokenize_ids, with_a_step
 
 pytestmark = pytest.mark.asyncio
 
@@ -226,6 +227,45 @@ async def test_a_completion_read_just_before_its_job_parks_on_the_step_is_judged
         job = await runs.get(job_id)
         assert job.status == "QUEUED"
         assert [entry["name"] for entry in job.checkpoints] == ["tokenize", "embed", "review"]
+
+
+async def test_a_completion_is_judged_off_the_event_loop(dsn: str) -> None:
+    # Judging a response costs what its sender and the rules' author choose:
+    # the engine's filter copies its list as it grows, so this takes a second.
+    workflow = with_a_step(answers="jobs.test.Embedding", external=True)
+    workflow["steps"][-1]["validate"] = [
+        "size(response.vector.filter(x, x >= 0.0)) == size(response.vector)"
+    ]
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        response = await client.post(
+            "/v1/workflow-runs", json={"workflow": workflow, "input": {"text": "hi"}}
+        )
+        assert response.status == 201, await response.text()
+        job_id = (await response.json())["job"]["job_id"]
+        runs = runtime.require_runs()
+        claimed = await runs.claim("web-test")
+        assert claimed is not None
+        for name, answer in (
+            ("tokenize", {"ids": tokenize_ids("hi"), "count": 1}),
+            ("embed", {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}),
+        ):
+            await runs.checkpoint(
+                claimed.lease, {"name": name, "skipped": False, "response": answer}
+            )
+        await runs.park(claimed.lease, "answer")
+        vector = [index + 0.5 for index in range(4000)]
+
+        async def complete() -> Any:
+            answered = await client.post(
+                f"/v1/workflow-runs/{job_id}/steps/answer:complete",
+                json={"response": {"vector": vector, "dimensions": len(vector)}},
+            )
+            assert answered.status == 200, await answered.text()
+            return await answered.json()
+
+        answer, longest = await with_longest_gap(complete())
+    assert answer["outcome"] == "COMPLETED", answer
+    assert longest < 0.2, f"the loop was held for {longest:.2f}s"
 
 
 async def test_an_unreachable_store_is_unavailable_to_every_way_in(dsn: str) -> None:

@@ -112,8 +112,7 @@ def classify(exc: BaseException, step_name: str) -> StepFailure:
         code = _grpc_code(exc)
         details = _grpc_details(exc)
         name = code.name if code is not None else "UNKNOWN"
-        kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
-        return StepFailure(kind, step_name, f"gRPC {name}: {details}")
+        return StepFailure(_grpc_kind(code, details), step_name, f"gRPC {name}: {details}")
     if isinstance(exc, asyncio.CancelledError):
         # Only ever passed here when nothing cancelled the step: its own defect.
         return StepFailure(
@@ -156,21 +155,25 @@ _TRANSPORT_MESSAGES = {
 _OVERSIZE = "Received message larger than max"
 
 
+def _grpc_kind(code: grpc.StatusCode | None, details: str) -> FailureKind:
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and _OVERSIZE in details:
+        return FailureKind.NON_RETRYABLE
+    return FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
+
+
 def transport_failure(exc: grpc.RpcError, step_name: str, target: str) -> StepFailure:
     """A remote call's failure, classified: its status code and a fixed short message."""
     code = _grpc_code(exc)
     name = code.name if code is not None else "UNKNOWN"
-    kind = FailureKind.RETRYABLE if code in RETRYABLE_GRPC_CODES else FailureKind.NON_RETRYABLE
+    details = _grpc_details(exc)
+    kind = _grpc_kind(code, details)
     message = _TRANSPORT_MESSAGES.get(code, "the call failed") if code is not None else ""
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        details = _grpc_details(exc)
-        if _OVERSIZE in details:
-            kind = FailureKind.NON_RETRYABLE
-            message = (
-                "the request is larger than the target accepts"
-                if "SERVER:" in details
-                else "the answer is larger than gRPC accepts here"
-            )
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and kind is FailureKind.NON_RETRYABLE:
+        message = (
+            "the request is larger than the target accepts"
+            if "SERVER:" in details
+            else "the answer is larger than gRPC accepts here"
+        )
     return StepFailure(
         kind, step_name, f"gRPC {name} from {target}: {message or 'the call failed'}"
     )

@@ -68,6 +68,13 @@ def test_a_message_over_grpcs_size_limit_is_no_shortage(
     assert failure.message == f"gRPC RESOURCE_EXHAUSTED from svc:50051: {said}"
 
 
+def test_a_handlers_own_call_over_grpcs_size_limit_is_no_shortage_either() -> None:
+    details = "Stream removed (CLIENT: Received message larger than max (6291461 vs. 4194304))"
+    failure = classify(_rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, details), "embed")
+    assert failure.kind is FailureKind.NON_RETRYABLE
+    assert failure.message == f"gRPC RESOURCE_EXHAUSTED: {details}"
+
+
 def test_handler_errors_say_what_they_are() -> None:
     assert classify(RetryableError("quota"), "s").kind is FailureKind.RETRYABLE
     assert classify(NonRetryableError("bad"), "s").kind is FailureKind.NON_RETRYABLE

@@ -491,6 +491,16 @@ def _resume_actions(answer: _Answer) -> None:
             f"GET /v1/workflow-runs/{job.resumed_by}:explain",
         )
         return
+    if job.definition is None:
+        # Refused at submit: no snapshot to run again, so a resume with its own
+        # answers 409; only the stored definition can run it.
+        answer.action(
+            f"Resume it as a new linked job with workflow {job.workflow_name!r}'s stored "
+            "definition as it is now (it was refused at submit and has no snapshot of its own).",
+            f"wfjobs resume {answer.id} --current-definition",
+            f'POST /v1/workflow-runs/{answer.id}:resume {{"use_current_definition": true}}',
+        )
+        return
     steps = [str(entry.get("name", "")) for entry in job.checkpoints]
     after = f" after its last checkpoint, step {steps[-1]!r}" if steps else " from its first step"
     answer.action(

@@ -19,9 +19,11 @@ from aiohttp.test_utils import TestClient
 from cli.main import main as cli_main
 from store.runs import RunStore
 from streams.explain import when
+from streams.jobs import Jobs, SubmitRequest
 from streams.runtime import Runtime
 from tests.integration.store.helpers import age_rows
 from tests.integration.streams.conftest import parked_job, put_workflow, serve
+from tests.workflows_fixtures import envelope
 
 Served = tuple[TestClient[Any, Any], Runtime]
 
@@ -431,6 +433,25 @@ async def test_the_http_resume_an_ended_job_is_offered_runs_as_written(served: S
     method, path, *body = action["http"].split(" ", 2)
     response = await client.request(
         method, path, data=body[0] if body else None, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 201, (action["http"], await response.text())
+
+
+async def test_a_job_refused_at_submit_is_offered_the_resume_that_can_run_it(
+    served: Served,
+) -> None:
+    client, runtime = served
+    # A request named the workflow before anyone had stored it.
+    job_id = uuid.uuid4()
+    request = SubmitRequest(job_id, {"text": "too early"}, "late-review", owner="tester")
+    await Jobs(runtime).submit_many([request], record_refusals=True, via="kafka")
+    await put_workflow(client, envelope(name="late-review"))
+
+    [action] = (await _explain(client, str(job_id)))["actions"]
+    assert action["command"] == f"wfjobs resume {job_id} --current-definition"
+    method, path, body = action["http"].split(" ", 2)
+    response = await client.request(
+        method, path, data=body, headers={"Content-Type": "application/json"}
     )
     assert response.status == 201, (action["http"], await response.text())
 

@@ -382,10 +382,12 @@ class ControlStore:
         owner: str | None = None,
         created_before: datetime | None = None,
         with_snapshot: bool = False,
+        with_stored_definition: bool = False,
         limit: int,
     ) -> list[UUID]:
         """Ended jobs nothing resumes yet, oldest first, at most ``limit``;
-        ``with_snapshot``: only those with a definition snapshot of their own."""
+        ``with_snapshot``: only those with a definition snapshot of their own;
+        ``with_stored_definition``: only those whose workflow is stored now."""
         chosen = sorted(set(statuses))
         wrong = [status.value for status in chosen if status not in RESUMABLE]
         if wrong:
@@ -406,6 +408,7 @@ class ControlStore:
             by_owner=owner is not None,
             before=created_before is not None,
             with_snapshot=with_snapshot,
+            with_stored_definition=with_stored_definition,
         )
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(statement, params)).fetchall()

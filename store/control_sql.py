@@ -224,14 +224,25 @@ SELECT {PLAIN_COLUMNS} FROM inserted
 
 
 def resumable_jobs_sql(
-    *, by_name: bool, by_owner: bool, before: bool, with_snapshot: bool = False
+    *,
+    by_name: bool,
+    by_owner: bool,
+    before: bool,
+    with_snapshot: bool = False,
+    with_stored_definition: bool = False,
 ) -> str:
     """Bulk resume's candidates: ended jobs nothing resumes yet, oldest first;
-    ``with_snapshot``: only those with a definition snapshot to run again."""
+    ``with_snapshot``: only those with a definition snapshot to run again;
+    ``with_stored_definition``: only those whose workflow has a stored definition."""
     conditions = ["status = ANY(%(statuses)s)", "resumed_by IS NULL"]
     if with_snapshot:
         # A job refused at submit names no snapshot (its hash is empty).
         conditions.append("definition_hash <> ''")
+    if with_stored_definition:
+        conditions.append(
+            "EXISTS (SELECT 1 FROM workflow_definition AS d"
+            " WHERE d.name = workflow_run.workflow_name)"
+        )
     if by_name:
         conditions.append("workflow_name = %(workflow_name)s")
     if by_owner:

@@ -726,10 +726,12 @@ class Jobs:
                 workflow_name=workflow_name or None,
                 owner=owner if owner is not None else (job_owner or None),
                 created_before=created_before,
-                # Resumed with its own snapshot, a job refused at submit is
+                # A job that cannot be resumed this way (refused at submit, so
+                # without a snapshot; of a workflow no longer stored) is
                 # refused every time: picked each call, oldest first, enough
                 # of them would hold every other job back for good.
                 with_snapshot=not use_current_definition,
+                with_stored_definition=use_current_definition,
                 limit=limit or DEFAULT_BULK_RESUME,
             )
         resumed: list[Resumed] = []

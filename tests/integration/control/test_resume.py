@@ -419,6 +419,25 @@ async def test_jobs_refused_at_submit_do_not_hold_a_bulk_resume_back(dsn: str) -
         assert resumed == sorted(str(job_id) for job_id in refused)
 
 
+async def test_jobs_of_a_workflow_never_stored_do_not_hold_back_a_resume_with_the_current_one(
+    dsn: str,
+) -> None:
+    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+        ghosts = [uuid.uuid4() for _ in range(2)]
+        await Jobs(runtime).submit_many(
+            [SubmitRequest(job_id, {"text": "a"}, "ghost", owner="tester") for job_id in ghosts],
+            record_refusals=True,
+            via="kafka",
+        )
+        await put_workflow(client)
+        failed = await ended_job(client, runtime, "failed", end="FAILED")
+
+        body = {"statuses": ["FAILED"], "limit": 2, "use_current_definition": True}
+        answer = await _json(await client.post("/v1/workflow-runs:resume", json=body))
+        assert [job["resumed_from"] for job in answer["resumed"]] == [failed]
+        assert answer["refused"] == []
+
+
 async def test_the_resume_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
         await put_workflow(client)

@@ -408,7 +408,10 @@ _SWEEP_NOW = "coalesce(%(now)s::timestamptz, now())"
 # without progress past its deadline plus the lease. A stall only counts when
 # the current claim reported it (progress_token = lease_token). A row an
 # operator asked to cancel is never requeued: the cancel sweep settles it
-# (store.control).
+# (store.control). Nor is a row past its whole-job deadline, which no claim
+# would take again: the deadline sweep fails it (store.deadline_sql), rather
+# than a RETRY_SCHEDULED for a run that never comes, or DEAD.
+_BEFORE_DEADLINE = "(deadline_at IS NULL OR deadline_at > {now})"
 SELECT_EXPIRED_SQL = f"""
 SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
        lease_until >= {_SWEEP_NOW} AS stalled
@@ -416,6 +419,7 @@ SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error,
  WHERE status = {status_literal(GIVE_UP[0])} AND cancel_requested_at IS NULL
    AND (lease_until < {_SWEEP_NOW}
         OR (stall_at < {_SWEEP_NOW} AND progress_token = lease_token))
+   AND {_BEFORE_DEADLINE.format(now=_SWEEP_NOW)}
  ORDER BY lease_until
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
@@ -425,6 +429,7 @@ SELECT_EXHAUSTED_SQL = f"""
 SELECT job_id, workflow_name, status, attempt, max_attempts, lease_owner, error
   FROM workflow_run
  WHERE status = {status_literal(EXHAUSTED[0])} AND attempt >= max_attempts
+   AND {_BEFORE_DEADLINE.format(now="now()")}
  ORDER BY job_id
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED

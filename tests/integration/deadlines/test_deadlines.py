@@ -146,6 +146,36 @@ async def test_a_job_deadline_fails_queued_running_and_waiting_jobs(app: App) ->
     assert (again.job_deadlines, again.step_timeouts) == (0, 0)
 
 
+@pytest.mark.parametrize("max_attempts", [3, 1])
+async def test_a_running_job_past_its_deadline_and_its_lease_fails_instead_of_a_requeue(
+    app: App, max_attempts: int
+) -> None:
+    # A claim never takes a job past its deadline: a requeue (or, on the last
+    # attempt, DEAD) would announce a retry or an ending that is not the job's.
+    client, runtime = app
+    runs = runtime.require_runs()
+    job_id = (await _submit(client, "timed", deadline_ms=60_000, max_attempts=max_attempts))[
+        "job_id"
+    ]
+    await _claim(runs, job_id)
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second',"
+            " deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    sweeper = Sweeper(runs, interval_s=60)
+    await sweeper.sweep_once()
+
+    job = await runs.get(job_id)
+    assert job.status == "FAILED", job
+    assert job.error is not None and "deadline passed" in job.error
+    assert [_type(event) for event in await _events(runtime, job_id)] == ["ACCEPTED", "FAILED"]
+    history = await runs.history.attempts(uuid.UUID(job_id))
+    assert [(a.outcome, a.error_class) for a in history] == [("DEADLINE_PASSED", "deadline")]
+    assert (sweeper.requeued, sweeper.dead, sweeper.deadlines.job_deadlines) == (0, 0, 1)
+
+
 async def test_the_waiting_event_and_get_job_carry_the_review_request_and_step_deadline(
     app: App,
 ) -> None:

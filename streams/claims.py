@@ -64,8 +64,8 @@ A watchdog, ticking without I/O, keeps the two bounds a held job has:
   of settles that then hung) is handed back unstarted.
 
 Stopping: no more claims; running segments get ``grace_s`` to finish and
-settle; whatever is still running then is cancelled and handed back, as are
-claimed jobs no runner had started.
+settle; whatever is still running or settling then is cancelled and handed
+back, as are claimed jobs no runner had started.
 
 ``ClaimLoops`` is a mode service: the claimer, the runners and the watchdog
 are its tasks. A claim that fails because the store is away is retried after
@@ -448,6 +448,11 @@ class ClaimLoops(mode.Service):
                 continue
             try:
                 await self.process(claimed)
+            except asyncio.CancelledError:
+                # Shutdown ran out of grace, in the segment or in its settle: what
+                # did not commit goes back now, not once the lease has passed.
+                await self._hand_back(claimed.lease, "shutdown")
+                raise
             except Exception:
                 # ``process`` settles every outcome itself; reaching here is a
                 # defect. Keep the runner alive and let the job go back.
@@ -589,8 +594,8 @@ class ClaimLoops(mode.Service):
                         lease, _stall_failure(holding), error_class=ErrorClass.STALL
                     )
                     return
-            # Shutdown ran out of grace: the next claim resumes from the checkpoints.
-            await self._hand_back(lease, "shutdown")
+            # Shutdown ran out of grace: the runner hands the job back, and the
+            # next claim resumes from the checkpoints.
             raise
         except LeaseLost as exc:
             # A checkpoint refused: the lease is gone, or the job was asked to cancel.

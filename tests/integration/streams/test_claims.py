@@ -24,6 +24,7 @@ from streams.claims import ClaimLoops
 from streams.listener import Listener
 from streams.progress import ProgressRecorder
 from streams.sweeper import Sweeper
+from tests.integration.store.helpers import wait_for_lock_wait
 from tests.loop_gaps import with_longest_gap
 from tests.workflows_fixtures import (
     EMBED,
@@ -243,6 +244,37 @@ async def test_stop_hands_back_a_segment_that_outlives_the_grace(harness: Harnes
     job = await harness.runs.get(job_id)
     assert job.status == "QUEUED"
     assert job.attempt == 0 and job.lease_owner is None
+    assert loops.stats.handed_back == 1
+
+
+async def test_stop_hands_back_a_job_whose_settle_outlives_the_grace(
+    harness: Harness, pool: Pool, dsn: str
+) -> None:
+    # The segment ended, but its settle waits on the row (here a lock the test
+    # holds; in life a slow store): stopping must not leave the job to its lease.
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+
+        async def review(request: Any, ctx: StepContext) -> dict[str, Any]:
+            await holder.execute(
+                "SELECT 1 FROM workflow_run WHERE job_id = %s FOR UPDATE", (ctx.job_id,)
+            )
+            return {"approved": True, "reviewer": "auto"}
+
+        harness.registry.register(REVIEW, review, replace=True)
+        job_id = await harness.submit(envelope(name="auto", review="invoke"), {"text": "late"})
+        # The last checkpoint goes with the settle, so the settle is the write that waits.
+        loops = harness.loops(loops=1, grace_s=0.3, hold_back_last_checkpoint=True)
+        await loops.start()
+        await wait_for_lock_wait(pool)
+        stopping = asyncio.create_task(loops.stop())
+        await asyncio.sleep(1.0)  # past the grace: the settle is given up
+        await holder.rollback()
+        await stopping
+
+    job = await harness.runs.get(job_id)
+    assert job.status == "QUEUED", job
+    assert job.attempt == 0 and job.lease_owner is None
+    assert [a.outcome for a in await harness.runs.history.attempts(job_id)] == ["HANDED_BACK"]
     assert loops.stats.handed_back == 1
 
 

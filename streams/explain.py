@@ -118,6 +118,13 @@ def _attempts_word(count: int) -> str:
     return f"{count} attempt" + ("" if count == 1 else "s")
 
 
+def _past_deadline(answer: _Answer) -> bool:
+    """Whether the job's whole-job deadline has passed: the sweeper then fails it
+    (``_deadline`` says so), and requeues it or settles it DEAD no more."""
+    deadline = answer.job.deadline_at
+    return deadline is not None and deadline <= answer.facts.now
+
+
 def _queued(answer: _Answer) -> None:
     job, facts = answer.job, answer.facts
     last = _last(answer)
@@ -129,10 +136,12 @@ def _queued(answer: _Answer) -> None:
             max_attempts=job.max_attempts,
             last_error=job.error,
         )
-        answer.next(
-            f"The sweeper settles it DEAD on its next pass (every {facts.sweep_interval_s:g}s).",
-            sweep_interval_s=facts.sweep_interval_s,
-        )
+        if not _past_deadline(answer):
+            answer.next(
+                f"The sweeper settles it DEAD on its next pass "
+                f"(every {facts.sweep_interval_s:g}s).",
+                sweep_interval_s=facts.sweep_interval_s,
+            )
     elif job.deadline_at is not None and job.deadline_at <= facts.now:
         answer.why(
             f"Job {answer.id} is QUEUED, but its whole-job deadline passed at "
@@ -240,7 +249,7 @@ def _running(answer: _Answer) -> None:
             last_heartbeat=job.updated_at,
             attempt=job.attempt,
         )
-        if job.cancel_requested_at is None:
+        if job.cancel_requested_at is None and not _past_deadline(answer):
             then = (
                 f"requeues it for attempt {job.attempt + 1} of {job.max_attempts}"
                 if job.attempt < job.max_attempts

@@ -364,6 +364,28 @@ async def test_a_job_already_resumed_offers_its_run_not_another_resume(served: S
     assert again.status == 200 and (await again.json())["job"]["job_id"] == run
 
 
+async def test_an_expired_lease_past_the_jobs_deadline_is_not_promised_a_requeue(
+    served: Served,
+) -> None:
+    # The sweeper fails such a job: no claim would take it again.
+    client, runtime = served
+    runs = _runs(runtime)
+    job_id = await _submit(client, "lease and deadline behind it")
+    claimed = await runs.claim("worker-gone")
+    assert claimed is not None
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '2 seconds',"
+            " deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
+            {"job_id": job_id},
+        )
+    job = await runs.get(uuid.UUID(job_id))
+    assert job.deadline_at is not None
+    following = _next(await _explain(client, job_id))
+    assert "requeues it" not in following and "DEAD" not in following
+    assert f"Its whole-job deadline passed at {when(job.deadline_at)}" in following
+
+
 async def test_a_lease_or_deadline_already_past_is_left_to_the_sweepers_next_pass(
     served: Served,
 ) -> None:

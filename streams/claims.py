@@ -171,6 +171,8 @@ class _Holding:
     deadline_s: float
     stall_s: float
     progress_at: float
+    # When the claim arrived: the lease runs from then, not from the start.
+    claimed_at: float
     # Steps started or checkpointed; what renewals report.
     mark: int = 0
     segment: asyncio.Task[Any] | None = None
@@ -431,7 +433,7 @@ class ClaimLoops(mode.Service):
         assert task is not None
         while not self._stopping:
             claimed = await self._queue.get()
-            self._waiting_since.pop(claimed.lease, None)
+            claimed_at = self._waiting_since.pop(claimed.lease, None)
             if claimed.lease in self._withdrawn:
                 # Handed back by the watchdog while it waited: not ours to run.
                 self._withdrawn.discard(claimed.lease)
@@ -447,7 +449,7 @@ class ClaimLoops(mode.Service):
                     self._busy.discard(task)
                 continue
             try:
-                await self.process(claimed)
+                await self.process(claimed, claimed_at=claimed_at)
             except asyncio.CancelledError:
                 # Shutdown ran out of grace, in the segment or in its settle: what
                 # did not commit goes back now, not once the lease has passed.
@@ -483,20 +485,23 @@ class ClaimLoops(mode.Service):
             self._settling_early.add(lease)
             self._free_a_runner()
 
-    async def process(self, claimed: ClaimedJob) -> None:
+    async def process(self, claimed: ClaimedJob, *, claimed_at: float | None = None) -> None:
         """Run one claimed job's segment and settle it; never raises for the job's sake.
 
+        ``claimed_at``: when the claim arrived, on ``clock`` (None: now).
         Its log lines name the job (``streams.logs``), and with tracing on its
         ``segment`` span is current throughout, so step spans nest under it.
         """
+        if claimed_at is None:
+            claimed_at = self._clock()
         with logs.about_job(claimed.job_id, claimed.lease.attempt):
             if self._tracing is None:
-                await self._process(claimed)
+                await self._process(claimed, claimed_at)
                 return
             with self._tracing.segment(claimed):
-                await self._process(claimed)
+                await self._process(claimed, claimed_at)
 
-    async def _process(self, claimed: ClaimedJob) -> None:
+    async def _process(self, claimed: ClaimedJob, claimed_at: float) -> None:
         lease = claimed.lease
         job = claimed.job
         digest = job.definition_hash or None
@@ -532,6 +537,7 @@ class ClaimLoops(mode.Service):
             deadline_s=deadline_s,
             stall_s=deadline_s + self._runs.lease_s,
             progress_at=self._clock(),
+            claimed_at=claimed_at,
         )
         self._holdings.add(holding)
         try:
@@ -559,9 +565,12 @@ class ClaimLoops(mode.Service):
             nonlocal beat
             beat = asyncio.create_task(self._heartbeat(holding, lost), name="heartbeat")
 
-        # The first renewal is due a heartbeat after the start, so the task
-        # starts then: the many segments that end sooner never make one.
-        first_beat = asyncio.get_running_loop().call_later(self._heartbeat_s, start_heartbeat)
+        # The first renewal is due a heartbeat after the claim, so the task
+        # starts then: the many segments that end sooner never make one. Not a
+        # heartbeat after the start: a wait for a runner or a slow compile
+        # would leave the lease that much less for the renewals.
+        first_in = self._heartbeat_s - (self._clock() - holding.claimed_at)
+        first_beat = asyncio.get_running_loop().call_later(max(first_in, 0.0), start_heartbeat)
         begun = self._clock()
         try:
             try:
@@ -711,7 +720,7 @@ class ClaimLoops(mode.Service):
     async def _heartbeat(self, holding: _Holding, lost: asyncio.Event) -> None:
         """Renew the lease now, then every ``heartbeat_s``, until the segment ends or stalls.
 
-        Started a heartbeat after the segment (``_run_held``). The end is
+        Started a heartbeat after the claim (``_run_held``). The end is
         awaited as an event, never delivered as a cancellation: see the module
         docstring. A renewal in flight when the segment ends finishes (or
         fails) on its own, and the loop stops right after it.

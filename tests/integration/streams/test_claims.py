@@ -384,6 +384,36 @@ async def test_heartbeats_keep_a_step_longer_than_the_lease(pool: Pool) -> None:
     assert calls[TOKENIZE] == 1
 
 
+async def test_the_lease_is_renewed_a_heartbeat_after_the_claim_however_long_the_start_took(
+    pool: Pool,
+) -> None:
+    # Between the claim and the segment's start the lease already runs: here a
+    # slow compile (a large snapshot; or a wait in line for a runner) takes most
+    # of it. The first renewal must not come a whole heartbeat after that.
+    calls = CallLog()
+    harness = Harness(RunStore(pool, retry_base_s=0.05, lease_s=2.0), make_registry(calls), calls)
+
+    async def slow_compile(envelope: Mapping[str, Any], digest: str | None) -> CompiledWorkflow:
+        await asyncio.sleep(1.6)
+        return await harness.compile(envelope, digest)
+
+    job_id = await harness.submit(
+        envelope(name="slow-start", review="invoke"), {"text": "late start", "delay_ms": 1000}
+    )
+    sweeper = Sweeper(harness.runs, interval_s=0.1)
+    loops = harness.loops(loops=1, heartbeat_s=0.6, compile=slow_compile)
+    await sweeper.start()
+    await loops.start()
+    try:
+        job = await harness.wait_status(job_id, "COMPLETED", "FAILED", "DEAD", timeout_s=15)
+    finally:
+        await loops.stop()
+        await sweeper.stop()
+    assert job.status == "COMPLETED", job
+    assert job.attempt == 1, job
+    assert sweeper.requeued == 0 and loops.stats.lease_lost == 0
+
+
 class RenewalClock(RunStore):
     """The run store, noting when each lease renewal was asked for and each job claimed."""
 

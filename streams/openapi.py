@@ -639,8 +639,11 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                 "Store a workflow definition under its name",
                 {
                     "200": _versioned(
-                        _answer(message("PutWorkflowResponse"), "the stored definition")
-                    )
+                        _answer(message("PutWorkflowResponse"), "the definition was replaced")
+                    ),
+                    "201": _versioned(
+                        _answer(message("PutWorkflowResponse"), "the definition was created")
+                    ),
                 },
                 errors=("409", "412", "503"),
                 parameters=[

@@ -36,6 +36,7 @@ POST     /v1/workflow-runs:cancel                            CancelJobsRequest (
                                                              CancelJobsResponse
 PUT      /v1/workflows/{name}                                PutWorkflowRequest ->
                                                              PutWorkflowResponse
+                                                             (201 created, 200 replaced)
 GET      /v1/workflows/{name}                                GetWorkflowResponse
 GET      /v1/workflows?limit=&page_token=                    ListWorkflowsResponse
 GET      /v1/fleet                                           jobs by status, the backlog,
@@ -640,7 +641,8 @@ class HttpVerbs:
         answer = await _answer_off_loop(
             lambda: api_pb2.PutWorkflowResponse(workflow=stored_workflow_message(stored))
         )
-        return Reply(200, answer, _etag(stored.version))
+        # Version 1 is the first write: nothing deletes a stored workflow.
+        return Reply(201 if stored.version == 1 else 200, answer, _etag(stored.version))
 
     async def get_workflow(self, name: str) -> Reply:
         stored = await self.jobs.get_workflow(name)

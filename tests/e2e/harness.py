@@ -230,7 +230,7 @@ class Stack:
             put = await http.put(
                 f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
             )
-        assert put.status_code == 200, put.text
+        assert put.status_code in (200, 201), put.text
 
     def stop_workers(self) -> None:
         for worker in reversed(self.workers):

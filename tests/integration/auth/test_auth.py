@@ -208,7 +208,7 @@ async def test_stored_definitions_are_written_with_if_match(dsn: str) -> None:
     async with serve({"DATABASE_URL": dsn}) as (client, _):
         path = "/v1/workflows/web-review"
         first = await client.put(path, json=workflow, headers={"If-None-Match": "*"})
-        assert first.status == 200 and first.headers["ETag"] == '"1"'
+        assert first.status == 201 and first.headers["ETag"] == '"1"'
         assert (await first.json())["workflow"]["version"] == "1"  # int64 is a JSON string
         again = await client.put(path, json=workflow, headers={"If-None-Match": "*"})
         assert "version 1 is stored" in await _error(again, 412, "VERSION_MISMATCH")

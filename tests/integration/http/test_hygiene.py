@@ -223,7 +223,7 @@ async def test_nul_in_a_complete_step_response_is_a_400_not_a_500(live_api: Live
     status, _, stored = await _call(
         live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW}
     )
-    assert status == 200, stored
+    assert status == 201, stored
     job_id = await parked_job(live_api)
     path = f"/v1/workflow-runs/{job_id}/steps/review:complete"
     message = await _error(
@@ -692,9 +692,11 @@ async def test_a_stored_workflows_etag_is_documented_where_it_is_answered(
 ) -> None:
     _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
     item = document["paths"]["/v1/workflows/{name}"]
-    for method, body in (("put", {"workflow": WEB_WORKFLOW}), ("get", None)):
+    put = ("put", {"workflow": WEB_WORKFLOW})
+    # Created, then replaced, then read.
+    for (method, body), expected in ((put, 201), (put, 200), (("get", None), 200)):
         status, headers, answer = await _call(
             live_api, method.upper(), "/v1/workflows/web-review", body=body
         )
-        assert status == 200 and headers["ETag"] == f'"{answer["workflow"]["version"]}"'
-        assert "ETag" in item[method]["responses"]["200"].get("headers", {}), method
+        assert status == expected and headers["ETag"] == f'"{answer["workflow"]["version"]}"'
+        assert "ETag" in item[method]["responses"][str(status)].get("headers", {}), method

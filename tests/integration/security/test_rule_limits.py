@@ -173,7 +173,7 @@ async def test_expensive_rules_are_refused_without_stalling_the_worker(
     async with serve(env) as (client, runtime):
         # Slow jobs first: each runs for three leases' worth of time.
         slow = envelope(name="slow", review=None)
-        assert (await client.put("/v1/workflows/slow", json={"workflow": slow})).status == 200
+        assert (await client.put("/v1/workflows/slow", json={"workflow": slow})).status == 201
         job_ids = []
         for _ in range(3):
             submitted = await client.post(
@@ -340,7 +340,7 @@ async def test_the_caps_are_the_settings_at_store_submit_and_claim(dsn: str) -> 
         roomy = with_validate(long_rule(2000), "roomy")
         roomy["steps"][1]["validate"].append(nested_maps(4))
         stored = await client.put("/v1/workflows/roomy", json={"workflow": roomy})
-        assert stored.status == 200, await stored.text()
+        assert stored.status == 201, await stored.text()
         submitted = await client.post(
             "/v1/workflow-runs", json={"workflow_name": "roomy", "input": {"text": "a b"}}
         )

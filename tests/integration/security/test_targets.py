@@ -107,7 +107,7 @@ async def test_the_default_allows_in_process_handlers_only(dsn: str, listener: L
         local = envelope(name="local-only", target="local")
         assert (
             await client.put("/v1/workflows/local-only", json={"workflow": local})
-        ).status == 200
+        ).status == 201
         remote = envelope(name="remote", target=listener.target)
         response = await client.put("/v1/workflows/remote", json={"workflow": remote})
         body = await response.json()

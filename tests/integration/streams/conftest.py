@@ -86,7 +86,7 @@ async def put_workflow(
     response = await client.put(
         f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
     )
-    assert response.status == 200, await response.text()
+    assert response.status in (200, 201), await response.text()
 
 
 async def parked_job(client: TestClient[Any, Any], runtime: Runtime, text: str) -> str:

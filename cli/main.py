@@ -404,12 +404,14 @@ def _on_database(work: Coroutine[Any, Any, T]) -> T:
 
 
 def _token_json(record: Any) -> dict[str, Any]:
+    from streams.convert import timestamp_json
+
     return {
         "id": record.id,
         "principal": record.principal,
         "scopes": list(record.scopes),
-        "created_at": record.created_at.isoformat(),
-        "revoked_at": record.revoked_at.isoformat() if record.revoked_at else None,
+        "created_at": timestamp_json(record.created_at),
+        "revoked_at": timestamp_json(record.revoked_at) if record.revoked_at else None,
     }
 
 

@@ -98,6 +98,7 @@ from store.records import ClaimedJob, Lease, SegmentProgress
 from store.runs import RunStore
 from streams import logs
 from streams.backoff import Backoff
+from streams.convert import timestamp_json
 from streams.health import PartHealth
 from streams.metrics import ClaimTimings
 from streams.tracing import Tracing, now_ns
@@ -889,7 +890,7 @@ class ClaimLoops(mode.Service):
         claim_hung = waiting_for > self._claim_failure_bound_s
         detail: dict[str, Any] = {
             "last_claim_at": (
-                self._last_claim_wall.isoformat() if self._last_claim_wall is not None else None
+                timestamp_json(self._last_claim_wall) if self._last_claim_wall is not None else None
             ),
             "last_claim_age_s": (
                 round(now - self._last_claim_at, 3) if self._last_claim_at is not None else None

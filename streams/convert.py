@@ -54,6 +54,15 @@ def _set_time(target: Timestamp, value: datetime | None) -> None:
         target.FromDatetime(value)
 
 
+def timestamp_json(moment: datetime) -> str:
+    """``moment`` as every answer writes one: the proto3 JSON of a ``Timestamp``
+    (RFC 3339 in UTC, with a ``Z``), so the fields no message carries read like
+    those that one does."""
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp.ToJsonString()
+
+
 def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:
     """The ``Job`` view list-jobs answers with: its state and links, none of its payloads."""
     message = JobMessage(
@@ -263,4 +272,5 @@ __all__ = [
     "storable_json",
     "stored_workflow_message",
     "struct_to_dict",
+    "timestamp_json",
 ]

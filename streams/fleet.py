@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from store.fleet import FleetStore
+from streams.convert import timestamp_json
 
 # Owners whose answers are kept at once; past it the oldest entry goes.
 _CACHED_OWNERS = 1024
@@ -48,7 +49,7 @@ class FleetOverview:
     async def _read(self, owner: str | None) -> dict[str, Any]:
         counts = await self._fleet.read(owner)
         answer: dict[str, Any] = {
-            "as_of": counts.as_of.isoformat() if counts.as_of else None,
+            "as_of": timestamp_json(counts.as_of) if counts.as_of else None,
             "jobs_by_status": dict(counts.jobs_by_status),
             "jobs_by_status_last_5m": dict(counts.recent_by_status),
             "oldest_queued_age_s": counts.oldest_queued_age_s,
@@ -63,8 +64,8 @@ class FleetOverview:
                 {
                     "worker": held.worker,
                     "running": held.running,
-                    "first_lease_until": held.first_lease_until.isoformat(),
-                    "last_lease_until": held.last_lease_until.isoformat(),
+                    "first_lease_until": timestamp_json(held.first_lease_until),
+                    "last_lease_until": timestamp_json(held.last_lease_until),
                 }
                 for held in await self._fleet.workers()
             ]

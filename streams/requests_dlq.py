@@ -43,6 +43,7 @@ from confluent_kafka import (
 
 from schemas.errors import InvalidArgument, NotFound, Unavailable
 from schemas.serde import RequestDecoder
+from streams.convert import timestamp_json
 from streams.kafka_security import SecuritySettingsError
 from streams.settings import Settings
 
@@ -97,7 +98,7 @@ class DeadLetteredRequest:
             "offset": self.position.offset,
             "key": self.key,
             "reason": self.reason,
-            "timestamp": self.timestamp.isoformat() if self.timestamp else None,
+            "timestamp": timestamp_json(self.timestamp) if self.timestamp else None,
             "size": self.size,
             "job_id": self.job_id,
             "workflow_name": self.workflow_name,

@@ -28,6 +28,7 @@ import mode
 from store.errors import is_outage
 from store.retention import PassResult, RetentionPolicy, RetentionStore
 from store.states import TERMINAL, Status
+from streams.convert import timestamp_json
 from streams.health import PartHealth
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ class RetentionLoop(mode.Service):
             "passes": self.passes,
             "skipped": self.skipped,
             "deleted": self.deleted,
-            "last_pass_at": self.last_pass_at.isoformat() if self.last_pass_at else None,
+            "last_pass_at": timestamp_json(self.last_pass_at) if self.last_pass_at else None,
         }
         if self.last_error:
             return PartHealth(

@@ -31,6 +31,7 @@ from store.control import ControlStore
 from store.errors import is_outage
 from store.records import DeadlineSweep, FallbackLookup, SweepResult
 from store.runs import RunStore
+from streams.convert import timestamp_json
 from streams.health import PartHealth
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Sweeper(mode.Service):
         stuck = (self._failures > 0 and failing_for > self._failure_bound_s) or hung
         detail = {
             "last_sweep_at": (
-                self._last_sweep_wall.isoformat() if self._last_sweep_wall is not None else None
+                timestamp_json(self._last_sweep_wall) if self._last_sweep_wall is not None else None
             ),
             "last_sweep_age_s": (
                 round(now - self._last_sweep_at, 3) if self._last_sweep_at is not None else None

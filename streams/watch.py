@@ -43,6 +43,7 @@ from store.job_feed import FeedEvent, JobFeed
 from store.notify import listen
 from store.progress import Progress
 from streams.backoff import Backoff
+from streams.convert import timestamp_json
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def progress_json(progress: Progress) -> str:
             "step_name": progress.step_name,
             "fraction": progress.fraction,
             "message": progress.message,
-            "updated_at": progress.updated_at.isoformat(),
+            "updated_at": timestamp_json(progress.updated_at),
         },
         separators=(",", ":"),
     )

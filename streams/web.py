@@ -130,6 +130,7 @@ from streams.convert import (
     message_json,
     stored_workflow_message,
     struct_to_dict,
+    timestamp_json,
 )
 from streams.dashboard import register_dashboard
 from streams.explain import explain_job
@@ -687,7 +688,7 @@ class HttpVerbs:
                 "event_type": event.event_type,
                 "attempts": event.attempts,
                 "last_error": event.last_error or "",
-                "created_at": event.created_at.isoformat(),
+                "created_at": timestamp_json(event.created_at),
             }
             for event in page.events
         ]

@@ -700,3 +700,30 @@ async def test_a_stored_workflows_etag_is_documented_where_it_is_answered(
         )
         assert status == expected and headers["ETag"] == f'"{answer["workflow"]["version"]}"'
         assert "ETag" in item[method]["responses"][str(status)].get("headers", {}), method
+
+
+async def test_every_timestamp_in_an_answer_is_written_one_way(live_api: LiveApi) -> None:
+    # The proto3 JSON of a Timestamp, which the messages' own fields carry.
+    rfc3339_utc = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+    await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    _, _, submitted = await _call(live_api, "POST", "/v1/workflow-runs", body=body)
+    # Held by a worker, so the fleet lists its leases.
+    assert await live_api.runtime.require_runs().claim("http-test") is not None
+    async with await psycopg.AsyncConnection.connect(
+        live_api.runtime.settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute("UPDATE workflow_run_events_outbox SET status = 'FAILED', attempts = 1")
+    _, _, fleet = await _call(live_api, "GET", "/v1/fleet")
+    _, _, outbox = await _call(live_api, "GET", "/v1/outbox")
+    (worker,) = fleet["workers"]
+    stamps = {
+        "job.created_at": submitted["job"]["created_at"],
+        "fleet.as_of": fleet["as_of"],
+        "first_lease_until": worker["first_lease_until"],
+        "last_lease_until": worker["last_lease_until"],
+        "outbox created_at": outbox["events"][0]["created_at"],
+    }
+    assert {
+        where: stamp for where, stamp in stamps.items() if not rfc3339_utc.fullmatch(stamp)
+    } == {}

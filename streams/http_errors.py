@@ -163,6 +163,22 @@ def load_json(body: bytes, what: str) -> Any:
     return value
 
 
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's own words: a caller sent JSON, not Python."""
+    if value is None:
+        return "null"
+    # bool before number: True is an int to Python.
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
 # ---------------------------------------------------------------------- middlewares
 
 
@@ -356,6 +372,7 @@ __all__ = [
     "error_bodies",
     "error_response",
     "install",
+    "json_type",
     "load_json",
     "refuse_nul",
     "require_json",

@@ -135,7 +135,7 @@ from streams.convert import (
 from streams.dashboard import register_dashboard
 from streams.explain import explain_job
 from streams.health import HealthReport
-from streams.http_errors import load_json
+from streams.http_errors import json_type, load_json
 from streams.jobs import Jobs
 from streams.openapi import register_openapi
 from streams.tracing import TRACEPARENT, TRACESTATE, TraceContext, incoming
@@ -237,9 +237,7 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
         raise InvalidArgument(f"{what} needs a JSON object body, got an empty body")
     value = load_json(body, what)
     if not isinstance(value, dict):
-        raise InvalidArgument(
-            f"the body of {what} must be a JSON object, got {type(value).__name__}"
-        )
+        raise InvalidArgument(f"the body of {what} must be a JSON object, got {json_type(value)}")
     return value
 
 

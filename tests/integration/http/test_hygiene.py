@@ -727,3 +727,19 @@ async def test_every_timestamp_in_an_answer_is_written_one_way(live_api: LiveApi
     assert {
         where: stamp for where, stamp in stamps.items() if not rfc3339_utc.fullmatch(stamp)
     } == {}
+
+
+async def test_a_body_that_is_no_object_is_refused_naming_its_json_type(
+    live_api: LiveApi,
+) -> None:
+    for sent, named in (
+        (b"null", "null"),
+        (b"[1]", "an array"),
+        (b'"x"', "a string"),
+        (b"7", "a number"),
+        (b"true", "a boolean"),
+    ):
+        message = await _error(
+            live_api, "POST", "/v1/workflow-runs", 400, "INVALID_ARGUMENT", data=sent
+        )
+        assert message == f"the body of submit-workflow must be a JSON object, got {named}"

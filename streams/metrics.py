@@ -61,8 +61,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "wfjobs_queued_oldest_age_seconds",
         "gauge",
-        "Seconds the longest-waiting claimable QUEUED job has been claimable (run_after passed); "
-        "0 when none waits. Read from the database.",
+        "Seconds the longest-waiting claimable QUEUED job (run_after passed, attempts left, "
+        "its whole-job deadline not passed) has been claimable; 0 when none waits. "
+        "Read from the database.",
     ),
     MetricSpec(
         "wfjobs_outbox_pending_events", "gauge", "PENDING outbox rows, read from the database."
@@ -70,7 +71,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "wfjobs_outbox_pending_oldest_age_seconds",
         "gauge",
-        "Seconds since the oldest PENDING outbox row was written; 0 when none is. "
+        "Seconds since the oldest PENDING outbox row a relay may publish was written; 0 when "
+        "none is. Rows held back behind a dead letter of their job are left out. "
         "Read from the database.",
     ),
     MetricSpec(
@@ -124,7 +126,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "wfjobs_jobs_handed_back_total",
         "counter",
-        "Jobs this process requeued with their attempt given back (store outage, shutdown).",
+        "Jobs this process requeued with their attempt given back (store outage, shutdown, "
+        "a settle or a claimed job's start held past the settle bound, a defect in the "
+        "claim loop).",
     ),
     # This process's sweeper.
     MetricSpec("wfjobs_sweeps_total", "counter", "Sweeps this process completed."),

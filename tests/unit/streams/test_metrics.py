@@ -171,3 +171,23 @@ async def test_names_a_submitter_picks_cannot_grow_the_page_without_end() -> Non
     # The outcome is the service's own word, kept past the bound.
     other = {dict(labels)["outcome"] for labels in steps if dict(labels)["step"] == OTHER_LABEL}
     assert other == {"ok", "error"}
+
+
+@pytest.mark.parametrize(
+    ("name", "cases"),
+    [
+        # The claim's own condition: a job out of attempts or past its deadline waits for none.
+        ("wfjobs_queued_oldest_age_seconds", ("run_after passed", "attempts left", "deadline")),
+        # Rows behind a dead letter wait for a redrive, not for a relay.
+        ("wfjobs_outbox_pending_oldest_age_seconds", ("a relay may publish", "dead letter")),
+        (
+            "wfjobs_jobs_handed_back_total",
+            ("store outage", "shutdown", "settle bound", "claim loop"),
+        ),
+    ],
+)
+def test_help_texts_name_every_case_the_figure_counts_or_leaves_out(
+    name: str, cases: tuple[str, ...]
+) -> None:
+    (spec,) = [spec for spec in CATALOGUE if spec.name == name]
+    assert [case for case in cases if case not in spec.help] == []

@@ -333,12 +333,16 @@ class Metrics:
             ),
             step_duration=_histogram(registry, "wfjobs_step_duration_seconds", _DURATION_BUCKETS),
         )
-        self.relay = RelayTimings(
-            publish=_histogram(registry, "wfjobs_relay_publish_seconds", _DURATION_BUCKETS)
-        )
         lag = SPECS["wfjobs_event_loop_lag_seconds"]
         self.loop_lag = Gauge(lag.name, lag.help, registry=registry)
         self._refreshers: list[Callable[[], Awaitable[None]]] = []
+
+    def relay_timings(self) -> RelayTimings:
+        """The relay's histogram, registered only where a relay runs: unlabelled, it
+        would otherwise export a row of zeros from every process without one."""
+        return RelayTimings(
+            publish=_histogram(self.registry, "wfjobs_relay_publish_seconds", _DURATION_BUCKETS)
+        )
 
     def add_reading(self, read: Callable[[], Iterable[Metric]]) -> None:
         """Export the families ``read`` builds, calling it at every scrape."""

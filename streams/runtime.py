@@ -323,7 +323,7 @@ class Runtime(mode.Service):
                 wake=self.listener.subscribe(OUTBOX_CHANNEL),
                 registry=self.schema_registry,
                 tracing=self.tracing,
-                timings=metrics.relay if metrics is not None else None,
+                timings=metrics.relay_timings() if metrics is not None else None,
             )
         # Children stop in the reverse of this order: the claim loops first,
         # the LISTEN connection last. The pool outlives them all (on_shutdown).

@@ -33,6 +33,9 @@ async def test_metrics_are_served_without_a_token_and_hold_no_job_id(dsn: str) -
     assert [s.value for s in queued] == [3.0]
     assert "wfjobs_event_loop_lag_seconds" in exported
     assert "wfjobs_admission_rejections_total" in exported
+    # An api process runs no relay, claim loop or sweeper, and exports none of their figures.
+    absent = ("wfjobs_relay_", "wfjobs_jobs_", "wfjobs_sweep")
+    assert sorted(name for name in families if name.startswith(absent)) == []
     for job_id in jobs:
         assert str(job_id) not in text
 

@@ -191,3 +191,14 @@ def test_help_texts_name_every_case_the_figure_counts_or_leaves_out(
 ) -> None:
     (spec,) = [spec for spec in CATALOGUE if spec.name == name]
     assert [case for case in cases if case not in spec.help] == []
+
+
+async def test_the_relay_histogram_is_exported_only_once_a_relay_asks_for_it() -> None:
+    metrics = Metrics()
+    assert "wfjobs_relay_publish_seconds" not in _family_names(await metrics.exposition())
+    metrics.relay_timings().publish.observe(0.01)
+    assert "wfjobs_relay_publish_seconds" in _family_names(await metrics.exposition())
+
+
+def _family_names(text: bytes) -> set[str]:
+    return {family.name for family in text_string_to_metric_families(text.decode())}

@@ -329,7 +329,8 @@ def cmd_outbox_redrive(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_dlq_list(args: argparse.Namespace, out: Output) -> int:
-    answer = ApiClient(args.url).call("GET", "/v1/requests-dlq", query={"max": args.max})
+    query = {"max": args.max, "page_token": args.page_token}
+    answer = ApiClient(args.url).call("GET", "/v1/requests-dlq", query=query)
     return _show(out, answer, lambda answer: render_dead_letters(out, answer))
 
 
@@ -746,6 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list", parents=[common], help="list the requests dead-letter topic with the reasons"
     )
     dlq_list.add_argument("--max", type=int, help="show at most this many (default 100)")
+    dlq_list.add_argument("--page-token", help="the next_page_token of a previous page")
     dlq_list.set_defaults(handler=cmd_dlq_list)
     dlq_redrive = dlq_verbs.add_parser(
         "redrive", parents=[common], help="produce dead letters to the requests topic again"

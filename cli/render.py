@@ -323,6 +323,9 @@ def render_dead_letters(out: Output, answer: Mapping[str, Any]) -> None:
             f"[red]{escape(str(message.get('reason', '')))}[/]",
         )
     out.console.print(table)
+    token = str(answer.get("next_page_token", ""))
+    if token:
+        out.print(f"next page: --page-token {escape(token)}")
 
 
 def print_event(out: Output, event: WorkflowRunEvent) -> None:

@@ -849,9 +849,11 @@ class Jobs:
     def requests_topic(self) -> str:
         return self._runtime.settings.requests_topic
 
-    async def dead_lettered_requests(self, max_messages: int) -> DeadLetterListing:
-        """What the request agent dead-lettered, with the reasons."""
-        return await self._dead_lettered_requests().list_messages(max_messages=max_messages)
+    async def dead_lettered_requests(self, max_messages: int, page_token: str) -> DeadLetterListing:
+        """What the request agent dead-lettered, with the reasons, a page at a time."""
+        return await self._dead_lettered_requests().list_messages(
+            max_messages=max_messages, page_token=page_token
+        )
 
     async def redrive_requests(
         self, positions: Sequence[Position] | None

@@ -375,8 +375,9 @@ _DLQ_LISTING: Mapping[str, Any] = {
         "topic": {"type": "string"},
         "total": {"type": "integer"},
         "messages": {"type": "array", "items": _DLQ_MESSAGE},
+        "next_page_token": {"type": "string"},
     },
-    "required": ["topic", "total", "messages"],
+    "required": ["topic", "total", "messages", "next_page_token"],
 }
 _DLQ_REDRIVE: Mapping[str, Any] = {
     "oneOf": [
@@ -687,7 +688,8 @@ def openapi_document(*, metrics: bool = True) -> dict[str, Any]:
                 {"200": _answer(_DLQ_LISTING, "the listing")},
                 errors=("400", "503"),
                 parameters=[
-                    _query("max", {"type": "integer", "minimum": 1, "maximum": 1000}, "at most")
+                    _query("max", {"type": "integer", "minimum": 1, "maximum": 1000}, "at most"),
+                    _query("page_token", {"type": "string"}, "next_page_token of a page"),
                 ],
                 scope="admin",
                 fleet=True,

@@ -24,7 +24,9 @@ with its own short-lived clients, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +61,8 @@ MAX_LIST_MAX = 1000
 _REDRIVE_BATCH = 200
 MAX_PARTITION = 2**31 - 1
 MAX_OFFSET = 2**63 - 1
+# ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -111,6 +115,31 @@ class DeadLetterListing:
     # Messages the topic holds now, whether or not they were listed.
     total: int
     messages: tuple[DeadLetteredRequest, ...]
+    # Where the next page starts, "P:O"; empty when no message is left past this page.
+    next_page_token: str
+
+
+def parse_page_token(token: str) -> Position | None:
+    """Where a page of the listing starts (None: at the first message)."""
+    if not token:
+        return None
+    partition, sep, offset = token.partition(":")
+    if sep and _DIGITS.fullmatch(partition) and _DIGITS.fullmatch(offset):
+        with contextlib.suppress(InvalidArgument):
+            return Position(int(partition), int(offset))
+    raise InvalidArgument(
+        f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
+    )
+
+
+def _read_from(start: Position | None, partition: int, low: int) -> int | None:
+    """The offset a listing from ``start`` reads ``partition`` from; None: not at all."""
+    if start is None or partition > start.partition:
+        return low
+    if partition < start.partition:
+        return None
+    # Retention may have removed what the token pointed at since.
+    return max(low, start.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +180,15 @@ class RequestsDeadLetters:
 
     # ------------------------------------------------------------------ verbs
 
-    async def list_messages(self, *, max_messages: int = DEFAULT_LIST_MAX) -> DeadLetterListing:
-        """Up to ``max_messages`` dead letters, by partition then offset, oldest first."""
+    async def list_messages(
+        self, *, max_messages: int = DEFAULT_LIST_MAX, page_token: str = ""
+    ) -> DeadLetterListing:
+        """Up to ``max_messages`` dead letters, by partition then offset, oldest first,
+        from where ``page_token`` (a previous page's ``next_page_token``) says."""
         if not 1 <= max_messages <= MAX_LIST_MAX:
             raise InvalidArgument(f"max must be within 1..{MAX_LIST_MAX}, got {max_messages}")
-        return await asyncio.to_thread(self._list, max_messages)
+        start = parse_page_token(page_token)
+        return await asyncio.to_thread(self._list, max_messages, start)
 
     async def redrive(self, positions: Sequence[Position] | None) -> list[DeadLetteredRequest]:
         """Produce the named dead letters (None: every one) to the requests topic again.
@@ -168,7 +201,7 @@ class RequestsDeadLetters:
 
     # ------------------------------------------------------------------ in a thread
 
-    def _list(self, max_messages: int) -> DeadLetterListing:
+    def _list(self, max_messages: int, start: Position | None) -> DeadLetterListing:
         consumer = self._consumer()
         try:
             ranges = self._ranges(consumer)
@@ -177,13 +210,23 @@ class RequestsDeadLetters:
             for partition, (low, high) in sorted(ranges.items()):
                 if len(found) >= max_messages:
                     break
-                if high > low:
+                first = _read_from(start, partition, low)
+                if first is not None and high > first:
                     # Described as they are read: a value is dropped once listed.
                     want = max_messages - len(found)
-                    found += map(self._describe, self._read(consumer, partition, low, want))
+                    found += map(self._describe, self._read(consumer, partition, first, want))
         finally:
             consumer.close()
-        return DeadLetterListing(self.dlq_topic, total, tuple(found))
+        token = ""
+        if len(found) == max_messages:
+            last = found[-1].position
+            after = Position(last.partition, last.offset + 1)
+            if any(
+                (first := _read_from(after, partition, low)) is not None and high > first
+                for partition, (low, high) in ranges.items()
+            ):
+                token = str(after)
+        return DeadLetterListing(self.dlq_topic, total, tuple(found), token)
 
     def _redrive(self, positions: Sequence[Position] | None) -> list[DeadLetteredRequest]:
         if positions is None:
@@ -422,4 +465,5 @@ __all__ = [
     "DeadLetteredRequest",
     "Position",
     "RequestsDeadLetters",
+    "parse_page_token",
 ]

@@ -45,7 +45,7 @@ GET      /v1/outbox?status=FAILED&job_id=&limit=         FAILED outbox rows, old
          &page_token=
 POST     /v1/outbox:redrive                                  {"ids": [...]} | {"job_id": ...}
                                                              | {"all": true}: FAILED -> PENDING
-GET      /v1/requests-dlq?max=                               dead-lettered requests
+GET      /v1/requests-dlq?max=&page_token=                   dead-lettered requests
 POST     /v1/requests-dlq:redrive                            {"positions": [{"partition",
                                                              "offset"}, ...]} | {"all": true}
 GET      /healthz                                            liveness: 503 when a part is
@@ -172,7 +172,7 @@ HTTP_STATUS: Mapping[str, int] = {
 LIST_JOBS_PARAMETERS = ("status", "workflow_name", "limit", "page_token")
 LIST_WORKFLOWS_PARAMETERS = ("limit", "page_token")
 LIST_OUTBOX_PARAMETERS = ("status", "job_id", "limit", "page_token")
-LIST_REQUESTS_DLQ_PARAMETERS = ("max",)
+LIST_REQUESTS_DLQ_PARAMETERS = ("max", "page_token")
 WATCH_JOB_PARAMETERS = ("after",)
 
 
@@ -729,13 +729,14 @@ class HttpVerbs:
 
         _only_parameters(query, LIST_REQUESTS_DLQ_PARAMETERS, "the dead-letter listing")
         limit = _int_parameter(query, "max", DEFAULT_LIST_MAX)
-        listing = await self.jobs.dead_lettered_requests(limit)
+        listing = await self.jobs.dead_lettered_requests(limit, query.get("page_token", ""))
         return Reply(
             200,
             {
                 "topic": listing.topic,
                 "total": listing.total,
                 "messages": [message.to_json() for message in listing.messages],
+                "next_page_token": listing.next_page_token,
             },
         )
 

@@ -580,7 +580,12 @@ async def test_a_keyless_dead_letter_has_the_shape_the_openapi_document_gives_it
     schema = listing["content"]["application/json"]["schema"]
     # A request produced without a key, by a broker that stamps no time.
     keyless = DeadLetteredRequest(Position(0, 7), None, "DECODE: bad magic byte", None, 3, "", "")
-    answer = {"topic": "requests.dlq", "total": 1, "messages": [keyless.to_json()]}
+    answer = {
+        "topic": "requests.dlq",
+        "total": 1,
+        "messages": [keyless.to_json()],
+        "next_page_token": "",
+    }
     assert _mismatches(document, schema, answer, "listDeadLetteredRequests") == []
 
 

@@ -314,3 +314,46 @@ async def test_a_missing_dead_letter_topic_lists_nothing(
     async with serve(env) as (client, _):
         listed = await Wfjobs(str(client.make_url("")), capsys).json("dlq", "list")
         assert listed["total"] == 0 and listed["messages"] == []
+
+
+async def test_dead_lettered_requests_are_listed_a_page_at_a_time(
+    dsn: str, kafka_bootstrap: str, new_topic: NewTopicFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dlq = new_topic(kafka_bootstrap, partitions=2)
+    env = env_for(dsn, kafka_bootstrap, WFJOBS_REQUESTS_DLQ_TOPIC=dlq)
+    producer = _producer(kafka_bootstrap)
+    for partition, count in ((0, 3), (1, 2)):
+        for index in range(count):
+            producer.produce(
+                dlq, key=f"{partition}-{index}".encode(), value=b"x", partition=partition
+            )
+    assert producer.flush(30) == 0
+    async with serve(env) as (client, _):
+        listed: list[str] = []
+        tokens: list[str] = []
+        query = {"max": "2"}
+        while True:
+            response = await client.get("/v1/requests-dlq", params=query)
+            assert response.status == 200, await response.text()
+            page = await response.json()
+            assert page["total"] == 5
+            listed += [message["key"] for message in page["messages"]]
+            if not page["next_page_token"]:
+                break
+            tokens.append(page["next_page_token"])
+            query["page_token"] = page["next_page_token"]
+        assert listed == ["0-0", "0-1", "0-2", "1-0", "1-1"]
+        assert tokens == ["0:2", "1:1"]
+        # A page that ends on the last message says there is no next one.
+        everything = await (await client.get("/v1/requests-dlq", params={"max": "5"})).json()
+        assert len(everything["messages"]) == 5 and everything["next_page_token"] == ""
+
+        wfjobs = Wfjobs(str(client.make_url("")), capsys)
+        code, out, _ = await wfjobs("dlq", "list", "--max", "3", "--page-token", "0:1")
+        assert code == 0 and "3 shown" in out and "next page: --page-token 1:1" in out
+        for token in ("2", "0:x", "0:\u00b2", "-1:0", f"{2**31}:0", " 0:1"):
+            response = await client.get("/v1/requests-dlq", params={"page_token": token})
+            message = await _error(response, 400, "INVALID_ARGUMENT")
+            assert message == (
+                f"page_token {token!r} is malformed; pass the next_page_token of a previous answer"
+            ), token

@@ -70,7 +70,7 @@ class Timeline:
         self._task: Any = None
 
     def event(self, event: Mapping[str, Any]) -> None:
-        self._close_bar()
+        self.close()
         self._out.print(event_summary(event, with_job=False))
 
     def progress(self, report: Mapping[str, Any]) -> None:
@@ -93,10 +93,12 @@ class Timeline:
         self._bar.update(self._task, description=step, completed=fraction, message=message)
 
     def end(self, status: str) -> None:
-        self._close_bar()
+        self.close()
         self._out.print(f"job ended {status_markup(status)}" if status else "job was removed")
 
-    def _close_bar(self) -> None:
+    def close(self) -> None:
+        # While the bar runs, the terminal's cursor is hidden and the process's
+        # stdout and stderr are redirected through it.
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
@@ -104,9 +106,17 @@ class Timeline:
 
 def cmd_watch(args: argparse.Namespace, out: Output) -> int:
     job_id = required(args.job_id, "JOB_ID")
-    client = ApiClient(args.url)
-    path = f"/v1/workflow-runs/{path_segment(job_id)}/events"
     timeline = Timeline(out)
+    try:
+        return _follow(ApiClient(args.url), job_id, out, timeline)
+    finally:
+        # Ctrl-C or an error mid-step must not leave the bar drawing over the
+        # shell, with the cursor hidden.
+        timeline.close()
+
+
+def _follow(client: ApiClient, job_id: str, out: Output, timeline: Timeline) -> int:
+    path = f"/v1/workflow-runs/{path_segment(job_id)}/events"
     last_id = ""
     failing_since: float | None = None
     pause = 0.5

@@ -8,15 +8,19 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import signal
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from cli import kafka as cli_kafka
+from cli import main as cli_main_module
 from cli.arguments import json_object
 from cli.errors import CliError
 from cli.http import DEFAULT_URL
@@ -604,3 +608,53 @@ def test_a_redirect_to_another_origin_does_not_carry_the_token(
     assert _Elsewhere.seen == [None], "the token went to another origin"
     assert (code, out) == (1, "")
     assert token not in err
+
+
+class _StepInProgress(http.server.BaseHTTPRequestHandler):
+    """A job's event stream that reports its running step's progress, then holds."""
+
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        report = {"step_name": "embed", "fraction": 0.5, "message": "half"}
+        self.wfile.write(f"event: progress\ndata: {json.dumps(report)}\n\n".encode())
+        self.wfile.flush()
+        self.release.wait(30)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_ctrl_c_during_a_progress_bar_gives_the_terminal_back(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a terminal the bar hides the cursor and redirects stdout and stderr
+    # while it runs: a Ctrl-C that left it running left the shell without a cursor.
+    screen = io.StringIO()
+
+    class OnTerminal(Output):
+        def __init__(self, *, as_json: bool) -> None:
+            super().__init__(as_json=as_json)
+            self.console = Console(file=screen, force_terminal=True, width=80)
+
+    monkeypatch.setattr(cli_main_module, "Output", OnTerminal)
+    stdout, stderr = sys.stdout, sys.stderr
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None
+    _StepInProgress.release.clear()
+    with serving(_StepInProgress) as url:
+        ctrl_c = threading.Timer(1.0, signal.pthread_kill, (main_thread, signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code, _, err = run(capsys, "--url", url, "watch", str(uuid.uuid4()))
+        finally:
+            ctrl_c.cancel()
+            _StepInProgress.release.set()
+    drawn = screen.getvalue()
+    assert code == 130 and err == ""
+    assert "50% half" in drawn, "the bar was never drawn"
+    assert drawn.rfind("\x1b[?25h") > drawn.rfind("\x1b[?25l"), "the cursor stays hidden"
+    assert (sys.stdout, sys.stderr) == (stdout, stderr), "output is still redirected"

@@ -74,10 +74,13 @@ def _client_config(settings: Settings) -> tuple[dict[str, Any], _Refusals]:
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     settings = settings_from_env()
     request = WorkflowRunRequest(
-        job_id=job_id_argument(args.job_id),
-        workflow_name=args.workflow_name,
-        deadline_ms=args.deadline_ms,
+        job_id=job_id_argument(args.job_id), workflow_name=args.workflow_name
     )
+    try:
+        request.deadline_ms = args.deadline_ms
+    except ValueError as exc:
+        # Past an int64 the field cannot hold it, so its rules would never see it.
+        raise CliError("INVALID_ARGUMENT", f"--deadline-ms: {exc}") from None
     request.input.update(json_object(args.input, "--input"))
     check_incoming(request)
     value = _framed(settings, request, settings.requests_topic, "request")

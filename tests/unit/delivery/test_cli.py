@@ -137,6 +137,11 @@ def test_produce_refuses_a_request_that_breaks_its_rules(
     code, _, err = run(capsys, "produce", "--workflow-name", "", "--input", "{}")
     assert code == 1
     assert "INVALID_ARGUMENT" in err
+    # One an int64 cannot hold is refused as well, not dropped as a traceback.
+    produce = ("produce", "--workflow-name", "w", "--input", "{}", "--deadline-ms")
+    code, out, err = run(capsys, *produce, str(2**63))
+    assert (code, out) == (1, "")
+    assert err.startswith("INVALID_ARGUMENT: --deadline-ms") and len(err.splitlines()) == 1, err
 
 
 def test_migrate_without_a_database_says_so(

@@ -39,7 +39,12 @@ def positive_seconds(text: str) -> float:
 def json_object(raw: str, what: str) -> dict[str, Any]:
     """A JSON object from the command line: inline text, ``@path``, or ``-`` for stdin."""
     if raw == "-":
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                "INVALID_ARGUMENT", f"{what}: stdin is not UTF-8 text: {exc.reason}"
+            ) from None
     elif raw.startswith("@"):
         try:
             text = Path(raw[1:]).read_text(encoding="utf-8")

@@ -496,6 +496,19 @@ def test_a_json_file_that_is_not_text_or_too_deep_is_one_line(
     assert code == 1 and err.startswith("INVALID_ARGUMENT: workflow file"), err
 
 
+def test_stdin_that_is_not_utf8_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A UTF-8 locale reads stdin strictly: a Latin-1 file piped in raised mid-read.
+    url = f"http://127.0.0.1:{free_port()}"
+    latin1 = io.TextIOWrapper(io.BytesIO(b'{"text": "caf\xe9"}'), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", latin1)
+    code, out, err = run(capsys, "--url", url, "submit", "--workflow-name", "w", "--input", "-")
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("INVALID_ARGUMENT: --input: stdin is not UTF-8 text"), err
+
+
 @pytest.fixture
 def not_http() -> Iterator[str]:
     """A TCP server that answers every connection with bytes that are not HTTP."""

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import re
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -827,7 +828,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    for argument in arguments:
+        # Bytes that are not UTF-8 reach Python as lone surrogates, which no URL or
+        # Kafka message can carry, and no stored job should.
+        try:
+            argument.encode()
+        except UnicodeEncodeError:
+            parser.error(f"argument {os.fsencode(argument)[:100]!r} is not UTF-8 text")
+    args = parser.parse_args(arguments)
     if getattr(args, "url_given", False) and not getattr(args, "uses_url", True):
         parser.error(f"--url: `wfjobs {args.command}` does not use the HTTP API")
     out = Output(as_json=args.json)

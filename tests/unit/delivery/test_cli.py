@@ -676,3 +676,22 @@ def test_ctrl_c_during_a_progress_bar_gives_the_terminal_back(
     assert "50% half" in drawn, "the bar was never drawn"
     assert drawn.rfind("\x1b[?25h") > drawn.rfind("\x1b[?25l"), "the cursor stays hidden"
     assert (sys.stdout, sys.stderr) == (stdout, stderr), "output is still redirected"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["workflows", "get", "caf\udce9"],
+        ["list", "--name", "caf\udce9"],
+        ["cancel", "--workflow", "w", "--reason", "caf\udce9"],
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Latin-1 byte from the shell arrives as a lone surrogate: every verb raised on it.
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["--url", f"http://127.0.0.1:{free_port()}", *argv])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument b'caf\\xe9' is not UTF-8 text" in err and "Traceback" not in err, err

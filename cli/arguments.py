@@ -26,7 +26,8 @@ def _finite(text: str) -> float:
 
 def positive_seconds(text: str) -> float:
     """An argparse ``type``: a finite number of seconds above zero. The Kafka client
-    takes the delivery timeout in whole milliseconds, where 0 means forever."""
+    takes the delivery timeout in whole milliseconds, where 0 means forever; a
+    NaN deadline is never reached."""
     try:
         value = float(text)
     except ValueError:

@@ -808,7 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     events.add_argument("--job", metavar="ID", help="only this job's events")
     events.add_argument("--max", type=int, help="stop after this many distinct events")
-    events.add_argument("--timeout", type=float, help="stop after this many seconds")
+    events.add_argument("--timeout", type=positive_seconds, help="stop after this many seconds")
 
     dev = add(
         "dev", cmd_dev, "run Postgres, Tansu and a worker with the sample workflow", http=False

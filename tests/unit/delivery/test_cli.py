@@ -405,19 +405,26 @@ def test_an_answer_that_is_not_json_is_one_line_naming_the_url(
     assert err.startswith("HTTP_502: ") and "<html>" not in err
 
 
-@pytest.mark.parametrize("command", ["produce", "produce-completion"])
+@pytest.mark.parametrize("command", ["produce", "produce-completion", "events"])
 @pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
-def test_a_delivery_timeout_must_be_a_positive_number_of_seconds(
+def test_a_timeout_must_be_a_positive_number_of_seconds(
     command: str, timeout: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Refused before any broker is contacted: the bootstrap address is never used.
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
     monkeypatch.delenv("WFJOBS_SCHEMA_REGISTRY_URL", raising=False)
-    argv = (
-        ["produce", "--workflow-name", "w", "--input", "{}"]
-        if command == "produce"
-        else ["produce-completion", str(uuid.uuid4()), "review", "--response", '{"ok": true}']
-    )
+    # events: a NaN --timeout was never reached, so it read for ever.
+    argv = {
+        "produce": ["produce", "--workflow-name", "w", "--input", "{}"],
+        "produce-completion": [
+            "produce-completion",
+            str(uuid.uuid4()),
+            "review",
+            "--response",
+            '{"ok": true}',
+        ],
+        "events": ["events"],
+    }[command]
     with pytest.raises(SystemExit) as exited:
         cli_main([*argv, "--timeout", timeout])
     assert exited.value.code == 2

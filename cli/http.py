@@ -109,7 +109,7 @@ class ApiClient:
                 payload = response.read()
                 self.headers = dict(response.headers.items())
         except OSError as exc:
-            raise self._unreachable(exc) from None
+            raise self._unreachable(exc, request, self.timeout_s) from None
         except http.client.HTTPException as exc:
             raise self._not_http(exc) from None
         if not payload:
@@ -190,7 +190,7 @@ class ApiClient:
                 )
             raise error from None
         except OSError as exc:
-            raise self._unreachable(exc) from None
+            raise self._unreachable(exc, request, timeout_s) from None
         except http.client.HTTPException as exc:
             raise self._not_http(exc) from None
 
@@ -203,7 +203,18 @@ class ApiClient:
             f"{self.base_url} gave no HTTP answer ({repr(exc)[:_MAX_DETAIL]}); is it a worker?",
         )
 
-    def _unreachable(self, exc: OSError) -> CliError:
+    def _unreachable(
+        self, exc: OSError, request: urllib.request.Request, timeout_s: float
+    ) -> CliError:
+        if isinstance(exc, TimeoutError):
+            # Not a connect timeout (urllib wraps those in a URLError): the worker
+            # took the request, so one that changes something may have been done.
+            method = request.get_method()
+            maybe = "" if method == "GET" else "; it may have been done all the same"
+            return CliError(
+                "UNAVAILABLE",
+                f"{method} {request.full_url} got no answer within {timeout_s:g} s{maybe}",
+            )
         reason = getattr(exc, "reason", exc)
         return CliError(
             "UNAVAILABLE", f"cannot reach {self.base_url}: {reason} (is a worker running?)"

@@ -23,7 +23,7 @@ from cli import kafka as cli_kafka
 from cli import main as cli_main_module
 from cli.arguments import json_object
 from cli.errors import CliError
-from cli.http import DEFAULT_URL
+from cli.http import DEFAULT_URL, ApiClient
 from cli.kafka import PRODUCE_MAX_BYTES
 from cli.main import build_parser
 from cli.main import main as cli_main
@@ -702,3 +702,32 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error(
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "argument b'caf\\xe9' is not UTF-8 text" in err and "Traceback" not in err, err
+
+
+class _NeverAnswers(http.server.BaseHTTPRequestHandler):
+    """A worker that takes requests and answers none in time."""
+
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.release.wait(30)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_call_that_times_out_says_so_not_that_the_worker_is_unreachable() -> None:
+    # A submit that got no answer may have made the job: "cannot reach" invited
+    # running it again, with a new job id.
+    _NeverAnswers.release.clear()
+    with serving(_NeverAnswers) as url:
+        try:
+            with pytest.raises(CliError) as timed_out:
+                ApiClient(url, token="", timeout_s=0.5).call("POST", "/v1/workflow-runs", {})
+        finally:
+            _NeverAnswers.release.set()
+    assert timed_out.value.code == "UNAVAILABLE"
+    message = timed_out.value.message
+    assert message.startswith(f"POST {url}/v1/workflow-runs got no answer within 0.5 s"), message
+    assert "may have been done" in message and "cannot reach" not in message, message

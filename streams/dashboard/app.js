@@ -71,6 +71,10 @@ function tick() {
   for (const node of document.querySelectorAll("time[datetime]")) {
     node.textContent = ago(node.getAttribute("datetime"));
   }
+}
+
+// Every second, as it shows seconds: a clock that jumps 15 s at a time looks stuck.
+function tickClock() {
   document.getElementById("clock").textContent = new Date().toLocaleTimeString();
 }
 
@@ -776,5 +780,7 @@ async function route() {
 setUpToken();
 window.addEventListener("hashchange", route);
 setInterval(tick, 15000);
+setInterval(tickClock, 1000);
 tick();
+tickClock();
 route();

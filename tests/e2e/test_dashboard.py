@@ -168,3 +168,14 @@ async def test_the_job_id_of_a_link_goes_to_the_api_encoded(stack: Stack, browse
     jobs = [u.removeprefix(url) for u in asked if "/v1/workflow-runs" in u]
     assert "/v1/workflow-runs/a%3Fb" in jobs and "/v1/workflow-runs/a%3Fb:explain" in jobs, jobs
     assert not any(u.startswith("/v1/workflow-runs/a?") for u in jobs), jobs
+
+
+async def test_the_header_clock_moves_every_second(stack: Stack, browser: Browser) -> None:
+    url = await _worker_url(stack)
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await page.wait_for_selector("#clock:not(:empty)", timeout=TIMEOUT_MS)
+    first = await page.inner_text("#clock")
+    # Within a few seconds, not the fifteen a slow refresh would take.
+    moved = page.locator("#clock").filter(has_not_text=first)
+    await moved.wait_for(timeout=3_000)

@@ -525,6 +525,14 @@ async function jobPage(jobId) {
         return;
       }
       if (message.event === "end") {
+        if (message.data.gone) {
+          // Job retention deleted it: a refresh would only answer 404.
+          clearTimeout(refreshing);
+          timeline.append(h("li", { class: "fresh", "data-event": "gone" }, h("span", {}, ""), pill("REMOVED", "CANCELLED"), h("span", { class: "muted" }, "the job was removed by job retention")));
+          header.append(pill("REMOVED", "CANCELLED"));
+          actions.replaceChildren(h("h2", {}, "Actions"), h("p", { class: "muted" }, "Nothing to do: the job was removed."));
+          return;
+        }
         timeline.append(h("li", { class: "fresh" }, h("span", {}, ""), badge(message.data.status), h("span", { class: "muted" }, "the job ended")));
         refreshSoon();
         return;

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
+import httpx
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 
@@ -50,6 +52,16 @@ async def _worker_url(stack: Stack) -> str:
     )
     await stack.put_workflow(worker, load_workflow())
     return worker.url
+
+
+async def _submit(stack: Stack, url: str, payload: dict[str, Any]) -> str:
+    """A job of the sample workflow, submitted through the API; its id."""
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
+        answer = await http.post(
+            "/v1/workflow-runs", json={"workflow_name": SAMPLE, "input": payload}
+        )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["job"]["job_id"])
 
 
 async def _sign_in(page: Page, token: str) -> None:
@@ -179,3 +191,29 @@ async def test_the_header_clock_moves_every_second(stack: Stack, browser: Browse
     # Within a few seconds, not the fifteen a slow refresh would take.
     moved = page.locator("#clock").filter(has_not_text=first)
     await moved.wait_for(timeout=3_000)
+
+
+async def test_a_watched_job_that_is_deleted_reads_removed_not_ended(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    job_id = await _submit(stack, url, {"text": "to be removed"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#timeline [data-event=TYPE_WAITING]", timeout=TIMEOUT_MS)
+    # What job retention does to a settled job, done to this one while it is watched.
+    async with stack.pool.connection() as conn:
+        await conn.execute("DELETE FROM workflow_run_events_outbox WHERE job_id = %s", (job_id,))
+        await conn.execute("DELETE FROM workflow_run WHERE job_id = %s", (job_id,))
+    gone = page.locator("#timeline [data-event=gone]", has_text="removed")
+    await gone.wait_for(timeout=TIMEOUT_MS)
+    assert "ended" not in await gone.inner_text()
+    assert "?" not in await page.inner_text("#timeline")
+    assert "removed" in await page.inner_text("#job-actions")
+    assert errors == []

@@ -274,7 +274,10 @@ _STEP_FORM: Mapping[str, Any] = {
             "items": {
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string", "description": "the field's JSON name"},
+                    "name": {
+                        "type": "string",
+                        "description": "the field's JSON name; empty for the whole response",
+                    },
                     "kind": {"enum": ["boolean", "integer", "number", "string", "enum", "json"]},
                     "type": {"type": "string", "description": "the field's .proto type"},
                     "choices": {"type": "array", "items": {"type": "string"}},

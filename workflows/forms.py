@@ -13,7 +13,7 @@ from typing import Any, cast
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from workflows.protojson import enum_type_of, field_index, field_type_name
+from workflows.protojson import SPECIAL_JSON_TYPES, enum_type_of, field_index, field_type_name
 
 _INTEGERS = {
     FieldDescriptor.TYPE_INT32,
@@ -52,10 +52,15 @@ def _kind(field: FieldDescriptor) -> str:
 
 def response_form(response_type: type[Message]) -> list[dict[str, Any]]:
     """One entry per field of the response, in declaration order: its JSON name,
-    the kind of input that edits it, its .proto type and, for an enum, the choices."""
+    the kind of input that edits it, its .proto type and, for an enum, the choices.
+    A well-known type with a JSON form of its own is one entry named ``""``."""
     form: list[dict[str, Any]] = []
     # The stubs type a generated class's DESCRIPTOR as either implementation's.
     descriptor = cast(Descriptor, response_type.DESCRIPTOR)
+    if descriptor.full_name in SPECIAL_JSON_TYPES:
+        # A Struct's or an Any's JSON is not an object of its fields (`fields`,
+        # `typeUrl`): the whole response is one JSON value, its unnamed entry.
+        return [{"name": "", "kind": "json", "type": descriptor.full_name}]
     fields = field_index(descriptor)
     for name in [field.name for field in descriptor.fields]:
         field = fields[name]

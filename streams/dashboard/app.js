@@ -717,7 +717,9 @@ async function completeForm(job, refresh, result) {
       return h("label", {}, field.name, h("select", { name, "data-field": field.name, "data-kind": field.kind }, field.choices.map((c) => h("option", { value: c }, c))));
     }
     if (field.kind === "json") {
-      return h("label", {}, `${field.name} (${field.type}, JSON)`, h("textarea", { name, "data-field": field.name, "data-kind": field.kind, rows: 2 }));
+      // Unnamed: the whole response is this one JSON value (a Struct, an Any).
+      const label = field.name || "response";
+      return h("label", {}, `${label} (${field.type}, JSON)`, h("textarea", { name, "data-field": field.name, "data-kind": field.kind, rows: field.name ? 2 : 6 }));
     }
     const type = field.kind === "string" ? "text" : "number";
     const step = field.kind === "integer" ? "1" : "any";
@@ -729,12 +731,14 @@ async function completeForm(job, refresh, result) {
       id: "complete-form",
       onsubmit: async (event) => {
         event.preventDefault();
-        const response = {};
+        let response = {};
         try {
           for (const input of event.target.querySelectorAll("[data-field]")) {
             const { field, kind } = input.dataset;
             if (kind === "boolean") response[field] = input.checked;
-            else if (kind === "json") {
+            else if (kind === "json" && field === "") {
+              if (input.value.trim()) response = JSON.parse(input.value);
+            } else if (kind === "json") {
               if (input.value.trim()) response[field] = JSON.parse(input.value);
             } else if (kind === "integer" || kind === "number") {
               if (input.value !== "") response[field] = Number(input.value);

@@ -10,12 +10,14 @@ in the test artefacts directory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from google.protobuf import descriptor_pb2, struct_pb2
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 
 from tests.browser import artifacts_dir, chromium_executable
@@ -54,11 +56,13 @@ async def _worker_url(stack: Stack) -> str:
     return worker.url
 
 
-async def _submit(stack: Stack, url: str, payload: dict[str, Any]) -> str:
-    """A job of the sample workflow, submitted through the API; its id."""
+async def _submit(
+    stack: Stack, url: str, payload: dict[str, Any], *, workflow: str = SAMPLE
+) -> str:
+    """A job of a stored workflow, submitted through the API; its id."""
     async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
         answer = await http.post(
-            "/v1/workflow-runs", json={"workflow_name": SAMPLE, "input": payload}
+            "/v1/workflow-runs", json={"workflow_name": workflow, "input": payload}
         )
     assert answer.status_code == 201, answer.text
     return str(answer.json()["job"]["job_id"])
@@ -217,3 +221,57 @@ async def test_a_watched_job_that_is_deleted_reads_removed_not_ended(
     assert "?" not in await page.inner_text("#timeline")
     assert "removed" in await page.inner_text("#job-actions")
     assert errors == []
+
+
+def _free_review_workflow() -> dict[str, Any]:
+    """The sample's review, answered with a free-form google.protobuf.Struct."""
+    sample = load_workflow()
+    files = descriptor_pb2.FileDescriptorSet()
+    files.ParseFromString(base64.b64decode(sample["schema"]["descriptorSetBase64"]))
+    struct_file = descriptor_pb2.FileDescriptorProto()
+    struct_pb2.DESCRIPTOR.CopyToProto(struct_file)
+    desk = files.file[0]
+    desk.dependency.append(struct_file.name)
+    desk.service.add(name="FreeDesk").method.add(
+        name="Review",
+        input_type=".wfjobs.samples.v1.ReviewRequest",
+        output_type=".google.protobuf.Struct",
+    )
+    files.file.insert(0, struct_file)
+    return {
+        "name": "free-review",
+        "schema": {"descriptorSetBase64": base64.b64encode(files.SerializeToString()).decode()},
+        "inputType": "wfjobs.samples.v1.Text",
+        "steps": [
+            {
+                "name": "review",
+                "target": "local",
+                "method": "wfjobs.samples.v1.FreeDesk/Review",
+                "rules": ["text = input.text"],
+                "completion": "external",
+            }
+        ],
+    }
+
+
+async def test_a_struct_response_is_answered_with_the_object_itself(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    worker = stack.workers[-1]
+    await stack.put_workflow(worker, _free_review_workflow())
+    job_id = await _submit(stack, url, {"text": "free-form"}, workflow="free-review")
+    await stack.wait_for_job(job_id, ["WAITING"])
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#complete-form textarea", timeout=TIMEOUT_MS)
+    assert "fields" not in await page.inner_text("#complete-form")
+    await page.fill("#complete-form textarea", '{"score": 3, "tags": ["a"]}')
+    await page.click("#complete-submit")
+    await page.wait_for_selector("#job-title [data-status=COMPLETED]", timeout=TIMEOUT_MS)
+    job = await stack.job(job_id)
+    review = next(c for c in job.checkpoints if c["name"] == "review")
+    assert review["response"] == {"score": 3, "tags": ["a"]}

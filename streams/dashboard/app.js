@@ -695,7 +695,11 @@ async function renderActions(job, section, refresh) {
     children.push(await completeForm(job, refresh, result));
   }
   children.push(buttons.length ? h("div", { class: "actions" }, buttons) : null);
-  if (!buttons.length && job.status !== "WAITING") children.push(h("p", { class: "muted" }, "Nothing to do: the job has ended."));
+  if (job.cancel_requested_at && !TERMINAL.has(job.status)) {
+    children.push(h("p", { id: "cancel-requested" }, "Cancel requested ", when(job.cancel_requested_at), ": its worker stops it within a heartbeat, or the sweeper once its lease passes."));
+  } else if (!buttons.length && job.status !== "WAITING") {
+    children.push(h("p", { class: "muted" }, "Nothing to do: the job has ended."));
+  }
   children.push(result);
   section.replaceChildren(...children.filter(Boolean));
 }

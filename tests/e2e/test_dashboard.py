@@ -275,3 +275,30 @@ async def test_a_struct_response_is_answered_with_the_object_itself(
     job = await stack.job(job_id)
     review = next(c for c in job.checkpoints if c["name"] == "review")
     assert review["response"] == {"score": 3, "tags": ["a"]}
+
+
+async def test_a_running_job_asked_to_cancel_reads_cancel_requested_not_ended(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    job_id = await _submit(stack, url, {"text": "cancel me"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    # RUNNING on a worker that vanished, with a cancel asked: the sweeper will
+    # settle it once the lease passes, an hour from now.
+    async with stack.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET status = 'RUNNING', outstanding_step = NULL,"
+            " lease_owner = 'vanished', lease_until = now() + interval '1 hour',"
+            " cancel_requested_at = now() WHERE job_id = %s",
+            (job_id,),
+        )
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#job-title [data-status=RUNNING]", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#job-actions h2", timeout=TIMEOUT_MS)
+    actions = await page.inner_text("#job-actions")
+    assert "ended" not in actions
+    assert "Cancel requested" in actions

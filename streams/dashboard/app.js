@@ -586,6 +586,8 @@ function renderJob(job, parts) {
     ["Owner", job.owner || "—"],
   ];
   if (job.status === "WAITING" && job.outstanding_step) rows.push(["Waiting on", job.outstanding_step]);
+  // The reviewer's own deadline: past it the step fails or takes its fallback.
+  if (job.status === "WAITING" && job.step_deadline) rows.push(["Answer by", h("span", { id: "step-deadline" }, when(job.step_deadline))]);
   if (job.status === "RUNNING" && job.lease_owner) {
     rows.push(["Held by", h("span", {}, job.lease_owner, " until ", when(job.lease_until))]);
   }

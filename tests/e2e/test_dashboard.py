@@ -302,3 +302,26 @@ async def test_a_running_job_asked_to_cancel_reads_cancel_requested_not_ended(
     actions = await page.inner_text("#job-actions")
     assert "ended" not in actions
     assert "Cancel requested" in actions
+
+
+async def test_a_parked_job_shows_its_reviewer_the_step_deadline(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    timed = load_workflow()
+    timed["name"] = "timed-review"
+    for step in timed["steps"]:
+        if step["name"] == "review":
+            step["timeoutMs"] = 3_600_000
+    await stack.put_workflow(stack.workers[-1], timed)
+    job_id = await _submit(stack, url, {"text": "review in time"}, workflow="timed-review")
+    await stack.wait_for_job(job_id, ["WAITING"])
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
+    deadline = page.locator("#job-summary", has_text="Answer by")
+    await deadline.wait_for(timeout=TIMEOUT_MS)
+    assert "in 59 min" in await page.inner_text("#step-deadline")

@@ -474,6 +474,8 @@ async function jobPage(jobId) {
   let refreshing = null;
   let running = null;
   let again = false;
+  let shown = false;
+  let missing = null;
   // One refresh at a time, the last asked for always run: answers arriving out
   // of order must never draw an older state over a newer one.
   const refresh = async () => {
@@ -503,9 +505,11 @@ async function jobPage(jobId) {
       renderJob(answer.job, { header, summary, checkpoints, attempts, progress });
       renderExplain(why, explain);
       await renderActions(answer.job, actions, refresh);
+      shown = true;
       notice("");
     } catch (error) {
-      notice(error.message);
+      if (!shown && error instanceof ApiError && error.status === 404) missing = error;
+      else notice(error.message);
     }
   };
   // Coalesce the bursts of events a settle brings into one refresh.
@@ -517,6 +521,16 @@ async function jobPage(jobId) {
     }, 150);
   };
   await refresh();
+  if (missing) {
+    // Nothing to watch: the watch would only answer 404 too.
+    controller.abort();
+    page(
+      h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")),
+      h("h1", { id: "job-title" }, "No such job"),
+      h("p", { class: "error", id: "job-missing" }, missing.message),
+    );
+    return;
+  }
   watch(
     `${jobPath(jobId)}/events`,
     (message) => {

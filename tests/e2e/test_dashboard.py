@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -325,3 +326,19 @@ async def test_a_parked_job_shows_its_reviewer_the_step_deadline(
     deadline = page.locator("#job-summary", has_text="Answer by")
     await deadline.wait_for(timeout=TIMEOUT_MS)
     assert "in 59 min" in await page.inner_text("#step-deadline")
+
+
+async def test_a_link_to_a_job_that_does_not_exist_says_no_such_job(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{uuid.uuid4()}")
+    await page.locator("#job-title", has_text="No such job").wait_for(timeout=TIMEOUT_MS)
+    assert "NOT_FOUND" in await page.inner_text("#view")
+    # No watch was started for it, so none reports that it stopped.
+    await asyncio.sleep(1)
+    assert "live updates" not in await page.inner_text("body")

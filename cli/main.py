@@ -406,7 +406,7 @@ def _on_database(work: Coroutine[Any, Any, T]) -> T:
 
 
 def _token_json(record: Any) -> dict[str, Any]:
-    from streams.convert import timestamp_json
+    from schemas.contract import timestamp_json
 
     return {
         "id": record.id,

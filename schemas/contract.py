@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import protovalidate
-from google.protobuf import json_format
+from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from schemas.errors import ContractViolation, EventTooLarge, InvalidArgument
@@ -297,6 +297,15 @@ def integral_numbers(value: Any) -> Any:
     return value
 
 
+def timestamp_json(moment: datetime) -> str:
+    """``moment`` as every answer writes one: the proto3 JSON of a ``Timestamp``
+    (RFC 3339 in UTC, with a ``Z``), so the fields no message carries read like
+    those that one does."""
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp.ToJsonString()
+
+
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "MIN_EVENT_BYTES",
@@ -319,6 +328,7 @@ __all__ = [
     "parse_job_id",
     "refuse_oversize",
     "requests_pb2",
+    "timestamp_json",
     "to_json",
     "violations",
     "with_event_id",

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from google.protobuf.struct_pb2 import ListValue, Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from schemas.contract import api_pb2, integral_numbers, to_json
+from schemas.contract import api_pb2, integral_numbers, timestamp_json, to_json
 from schemas.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -52,15 +52,6 @@ def _set_struct(target: Struct, value: Mapping[str, Any] | None) -> None:
 def _set_time(target: Timestamp, value: datetime | None) -> None:
     if value is not None:
         target.FromDatetime(value)
-
-
-def timestamp_json(moment: datetime) -> str:
-    """``moment`` as every answer writes one: the proto3 JSON of a ``Timestamp``
-    (RFC 3339 in UTC, with a ``Z``), so the fields no message carries read like
-    those that one does."""
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp.ToJsonString()
 
 
 def job_summary_message(job: Job | JobSummary) -> api_pb2.Job:

@@ -48,12 +48,20 @@ class Output:
 
     def json(self, value: Any) -> None:
         # Straight to stdout: rich would wrap or style long lines.
-        sys.stdout.write(json.dumps(value, indent=2, sort_keys=False) + "\n")
-        sys.stdout.flush()
+        self._write(json.dumps(value, indent=2, sort_keys=False) + "\n")
 
     def json_line(self, value: Any) -> None:
-        sys.stdout.write(json.dumps(value, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
+        self._write(json.dumps(value, separators=(",", ":")) + "\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader has gone (`| head -1`): stop as rich does for text. Left
+            # to rise, it is an OSError that watch takes for a cut stream, and
+            # reconnects to write to the closed pipe again, for as long as the job runs.
+            self.console.on_broken_pipe()
 
     def print(self, text: str = "") -> None:
         self.console.print(text)

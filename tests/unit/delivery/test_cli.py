@@ -8,10 +8,12 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import os
 import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -731,3 +733,46 @@ def test_a_call_that_times_out_says_so_not_that_the_worker_is_unreachable() -> N
     message = timed_out.value.message
     assert message.startswith(f"POST {url}/v1/workflow-runs got no answer within 0.5 s"), message
     assert "may have been done" in message and "cannot reach" not in message, message
+
+
+class _EventsEverySecondOrSo(http.server.BaseHTTPRequestHandler):
+    """A job's event stream with a few events, slowly; it counts its connections."""
+
+    connections: list[str] = []
+
+    def do_GET(self) -> None:
+        self.connections.append(self.headers.get("Last-Event-ID", ""))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            for event_id in range(1, 4):
+                event = {"event_id": str(event_id), "type": "TYPE_STEP_CHECKPOINT"}
+                self.wfile.write(f"id: {event_id}\ndata: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.3)
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_watch_json_into_a_closed_pipe_stops_instead_of_reconnecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `wfjobs --json watch ID | head -1`: the write to the closed pipe was taken
+    # for a cut stream, so watch reconnected, and failed again, until the job ended.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed_pipe = os.fdopen(write_end, "w")
+    monkeypatch.setattr("sys.stdout", closed_pipe)
+    _EventsEverySecondOrSo.connections = []
+    try:
+        with serving(_EventsEverySecondOrSo) as url, pytest.raises(SystemExit) as stopped:
+            cli_main(["--url", url, "--json", "watch", str(uuid.uuid4())])
+    finally:
+        monkeypatch.undo()
+        closed_pipe.close()
+    assert stopped.value.code == 1
+    assert _EventsEverySecondOrSo.connections == [""], "watch reconnected"

@@ -244,15 +244,18 @@ async def test_events_reach_the_dev_stacks_tansu_broker(
     assert [event.event_id for event in events] == await outbox_ids(store, job_id)
 
 
-def relay_settings(store: Store, bootstrap: str, **env: str) -> Settings:
-    return Settings.from_env(
+def relay_of_settings(store: Store, bootstrap: str, topic: str, **env: str) -> OutboxRelay:
+    """The relay a process with these settings (``WFJOBS_*`` as ``env``) runs."""
+    settings = Settings.from_env(
         {
             "DATABASE_URL": store.dsn,
             "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "WFJOBS_EVENTS_TOPIC": topic,
             "WFJOBS_WORKER_ID": "relay-test",
             **env,
         }
     )
+    return build_relay(settings, store.outbox)
 
 
 async def test_a_relay_alone_creates_its_topic_with_the_settings_shape(
@@ -261,14 +264,9 @@ async def test_a_relay_alone_creates_its_topic_with_the_settings_shape(
     # No worker declares it: the broker would make it on first use with its
     # own partition count (3 here).
     topic = f"relay-made-{uuid.uuid4().hex[:10]}"
-    settings = relay_settings(
-        store,
-        kafka_bootstrap,
-        WFJOBS_EVENTS_TOPIC=topic,
-        WFJOBS_CREATE_TOPICS="true",
-        WFJOBS_TOPIC_PARTITIONS="5",
+    relay = relay_of_settings(
+        store, kafka_bootstrap, topic, WFJOBS_CREATE_TOPICS="true", WFJOBS_TOPIC_PARTITIONS="5"
     )
-    relay = build_relay(settings, store.outbox)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     try:
         job_id = await run_job(store, steps=1)
@@ -289,14 +287,9 @@ async def test_a_topic_the_broker_will_not_create_keeps_every_row_pending(
 ) -> None:
     topic = f"relay-refused-{uuid.uuid4().hex[:10]}"
     # One broker cannot hold two replicas.
-    settings = relay_settings(
-        store,
-        kafka_bootstrap,
-        WFJOBS_EVENTS_TOPIC=topic,
-        WFJOBS_CREATE_TOPICS="true",
-        WFJOBS_TOPIC_REPLICAS="2",
+    relay = relay_of_settings(
+        store, kafka_bootstrap, topic, WFJOBS_CREATE_TOPICS="true", WFJOBS_TOPIC_REPLICAS="2"
     )
-    relay = build_relay(settings, store.outbox)
     job_id = await run_job(store, steps=0, finish=False)
     result = await relay.relay_once()
     await relay.stop()
@@ -413,16 +406,12 @@ async def test_a_registry_that_never_answers_is_an_outage_the_relay_reports(
     # Takes connections into its backlog and never answers them, as a
     # registry behind a stalled proxy does.
     with socket.create_server(("127.0.0.1", 0), backlog=64) as silent:
-        settings = Settings.from_env(
-            {
-                "DATABASE_URL": store.dsn,
-                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-                "WFJOBS_SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{silent.getsockname()[1]}",
-                "WFJOBS_EVENTS_TOPIC": topic,
-                "WFJOBS_WORKER_ID": "relay-test",
-            }
+        relay = relay_of_settings(
+            store,
+            kafka_bootstrap,
+            topic,
+            WFJOBS_SCHEMA_REGISTRY_URL=f"http://127.0.0.1:{silent.getsockname()[1]}",
         )
-        relay = build_relay(settings, store.outbox)
         job_id = await run_job(store, steps=0, finish=False)
         try:
             result = await asyncio.wait_for(relay.relay_once(), timeout=90)
@@ -471,16 +460,7 @@ async def test_a_registry_refusing_the_schema_dead_letters_no_event(
     # fixed by an operator, and until then every row waits, none is FAILED.
     topic = new_topic(kafka_bootstrap)
     with serving(_RefusingRegistry) as url:
-        settings = Settings.from_env(
-            {
-                "DATABASE_URL": store.dsn,
-                "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-                "WFJOBS_SCHEMA_REGISTRY_URL": url,
-                "WFJOBS_EVENTS_TOPIC": topic,
-                "WFJOBS_WORKER_ID": "relay-test",
-            }
-        )
-        relay = build_relay(settings, store.outbox)
+        relay = relay_of_settings(store, kafka_bootstrap, topic, WFJOBS_SCHEMA_REGISTRY_URL=url)
         jobs = [await run_job(store, steps=0, finish=False) for _ in range(3)]
         for _ in range(2):
             result = await relay.relay_once()

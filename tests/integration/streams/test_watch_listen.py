@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
@@ -92,32 +94,62 @@ class _AwayFeed(JobFeed):
         return await super().read(job_id, after=after, limit=limit)
 
 
-async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
-    pool: Pool, store: RunStore
+async def keeps_alive_through(
+    watch: JobWatch,
+    pool: Pool,
+    store: RunStore,
+    trouble: Callable[[], AbstractAsyncContextManager[object]],
+    authorized: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
-    # Proxies (and ``wfjobs watch``) cut a stream that stays silent: an outage
-    # must not silence it, or the watch ends and its reconnects find no store.
-    feed = _AwayFeed(pool)
-    watch = JobWatch(feed, poll_s=0.05, keepalive_s=1.0)
+    """A new job's stream sends keep-alives while ``trouble`` holds, then ends with the job."""
     await watch.start()
     try:
         job_id = (await submit(store)).job.job_id
         frames: list[bytes] = []
 
         async def follow() -> None:
-            async for frame in watch.frames(job_id, after=0):
+            async for frame in watch.frames(job_id, after=0, authorized=authorized):
                 frames.append(frame)
 
         following = asyncio.create_task(follow())
         await _until(lambda: len(frames) == 1)
-        feed.away = True
-        await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
-        feed.away = False
+        async with trouble():
+            await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
         await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
         await asyncio.wait_for(following, timeout=10)
         assert b"event: end" in frames[-1]
     finally:
         await watch.stop()
+
+
+def locked(dsn: str, table: str) -> Callable[[], AbstractAsyncContextManager[object]]:
+    """``table`` locked by another session, so every statement reading it waits."""
+
+    @contextlib.asynccontextmanager
+    async def holding() -> AsyncIterator[object]:
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            yield holder
+            await holder.rollback()
+
+    return holding
+
+
+async def test_a_watch_keeps_its_stream_alive_while_the_store_is_away(
+    pool: Pool, store: RunStore
+) -> None:
+    # Proxies (and ``wfjobs watch``) cut a stream that stays silent: an outage
+    # must not silence it, or the watch ends and its reconnects find no store.
+    feed = _AwayFeed(pool)
+
+    @contextlib.asynccontextmanager
+    async def away() -> AsyncIterator[object]:
+        feed.away = True
+        yield feed
+        feed.away = False
+
+    watch = JobWatch(feed, poll_s=0.05, keepalive_s=1.0)
+    await keeps_alive_through(watch, pool, store, away)
 
 
 async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
@@ -126,26 +158,7 @@ async def test_a_watch_keeps_its_stream_alive_while_its_read_goes_unanswered(
     # A statement behind a lock (or on a connection whose server went without a
     # word) is never answered: the stream must not fall silent behind it.
     watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=1.0)
-    await watch.start()
-    try:
-        job_id = (await submit(store)).job.job_id
-        frames: list[bytes] = []
-
-        async def follow() -> None:
-            async for frame in watch.frames(job_id, after=0):
-                frames.append(frame)
-
-        following = asyncio.create_task(follow())
-        await _until(lambda: len(frames) == 1)
-        async with await psycopg.AsyncConnection.connect(dsn) as holder:
-            await holder.execute("LOCK TABLE workflow_run_progress IN ACCESS EXCLUSIVE MODE")
-            await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
-            await holder.rollback()
-        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
-        await asyncio.wait_for(following, timeout=10)
-        assert b"event: end" in frames[-1]
-    finally:
-        await watch.stop()
+    await keeps_alive_through(watch, pool, store, locked(dsn, "workflow_run_progress"))
 
 
 async def test_a_watch_keeps_its_stream_alive_while_its_token_check_goes_unanswered(
@@ -158,23 +171,4 @@ async def test_a_watch_keeps_its_stream_alive_while_its_token_check_goes_unanswe
         return await tokens.verify(issued.token) is not None
 
     watch = JobWatch(JobFeed(pool), poll_s=0.05, keepalive_s=1.0)
-    await watch.start()
-    try:
-        job_id = (await submit(store)).job.job_id
-        frames: list[bytes] = []
-
-        async def follow() -> None:
-            async for frame in watch.frames(job_id, after=0, authorized=authorized):
-                frames.append(frame)
-
-        following = asyncio.create_task(follow())
-        await _until(lambda: len(frames) == 1)
-        async with await psycopg.AsyncConnection.connect(dsn) as holder:
-            await holder.execute("LOCK TABLE api_token IN ACCESS EXCLUSIVE MODE")
-            await _until(lambda: KEEPALIVE in frames, timeout_s=5.0)
-            await holder.rollback()
-        await ControlStore(pool, max_event_bytes=1_000_000).cancel(job_id, reason="enough")
-        await asyncio.wait_for(following, timeout=10)
-        assert b"event: end" in frames[-1]
-    finally:
-        await watch.stop()
+    await keeps_alive_through(watch, pool, store, locked(dsn, "api_token"), authorized=authorized)

@@ -72,6 +72,16 @@ def _commands(answer: dict[str, Any]) -> list[str]:
     return [action["command"] for action in answer.get("actions", [])]
 
 
+async def _set_past(runs: RunStore, job_id: Any, **ago: str) -> None:
+    """Move the row's named times back from now by these intervals (``deadline_at="1 second"``)."""
+    assignments = ", ".join(f"{column} = now() - %({column})s::interval" for column in ago)
+    async with runs.pool.connection() as conn:
+        await conn.execute(
+            f"UPDATE workflow_run SET {assignments} WHERE job_id = %(job_id)s",  # type: ignore[arg-type]
+            {**ago, "job_id": job_id},
+        )
+
+
 def _runs(runtime: Runtime) -> RunStore:
     return runtime.require_runs()
 
@@ -296,12 +306,7 @@ async def test_a_failure_while_no_worker_held_the_job_is_not_pinned_on_an_attemp
     runs = _runs(runtime)
     # Its whole-job deadline passes while it is parked on the review step.
     parked = await parked_job(client, runtime, "parked past its deadline")
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
-            " WHERE job_id = %(job_id)s",
-            {"job_id": parked},
-        )
+    await _set_past(runs, parked, deadline_at="1 second")
     assert (await runs.sweep_deadlines()).job_deadlines == 1
     job = await runs.get(uuid.UUID(parked))
     assert job.status == "FAILED" and job.error is not None
@@ -317,12 +322,7 @@ async def test_a_failure_while_no_worker_held_the_job_is_not_pinned_on_an_attemp
     claimed = await runs.claim("worker-r")
     assert claimed is not None and str(claimed.job_id) == queued
     await runs.retry_or_die(claimed.lease, "UNAVAILABLE: embedder down")
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
-            " WHERE job_id = %(job_id)s",
-            {"job_id": queued},
-        )
+    await _set_past(runs, queued, deadline_at="1 second")
     assert (await runs.sweep_deadlines()).job_deadlines == 1
     job = await runs.get(uuid.UUID(queued))
     why = _why(await _explain(client, queued))
@@ -373,12 +373,7 @@ async def test_an_expired_lease_past_the_jobs_deadline_is_not_promised_a_requeue
     job_id = await _submit(client, "lease and deadline behind it")
     claimed = await runs.claim("worker-gone")
     assert claimed is not None
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET lease_until = now() - interval '2 seconds',"
-            " deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
-            {"job_id": job_id},
-        )
+    await _set_past(runs, job_id, lease_until="2 seconds", deadline_at="1 second")
     job = await runs.get(uuid.UUID(job_id))
     assert job.deadline_at is not None
     following = _next(await _explain(client, job_id))
@@ -403,12 +398,7 @@ async def test_a_lease_or_deadline_already_past_is_left_to_the_sweepers_next_pas
 
     # Parked, with both its step deadline and its whole-job deadline behind it.
     waiting = await parked_job(client, runtime, "deadlines behind it")
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET step_deadline_at = now() - interval '2 seconds',"
-            " deadline_at = now() - interval '1 second' WHERE job_id = %(job_id)s",
-            {"job_id": waiting},
-        )
+    await _set_past(runs, waiting, step_deadline_at="2 seconds", deadline_at="1 second")
     job = await runs.get(uuid.UUID(waiting))
     assert job.step_deadline_at is not None and job.deadline_at is not None
     following = _next(await _explain(client, waiting))
@@ -421,12 +411,7 @@ async def test_a_queued_job_past_its_deadline_is_not_promised_a_claim(served: Se
     client, runtime = served
     runs = _runs(runtime)
     job_id = await _submit(client, "queued past its deadline")
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET deadline_at = now() - interval '1 second'"
-            " WHERE job_id = %(job_id)s",
-            {"job_id": job_id},
-        )
+    await _set_past(runs, job_id, deadline_at="1 second")
     job = await runs.get(uuid.UUID(job_id))
     assert job.deadline_at is not None
     answer = await _explain(client, job_id)
@@ -485,12 +470,7 @@ async def test_a_cancel_request_does_not_pass_for_word_from_the_worker(served: S
     claimed = await runs.claim("worker-silent")
     assert claimed is not None
     # The worker was last heard from ten minutes ago.
-    async with runs.pool.connection() as conn:
-        await conn.execute(
-            "UPDATE workflow_run SET updated_at = now() - interval '10 minutes'"
-            " WHERE job_id = %(job_id)s",
-            {"job_id": claimed.job_id},
-        )
+    await _set_past(runs, claimed.job_id, updated_at="10 minutes")
     heard = (await runs.get(claimed.job_id)).updated_at
     result = await runtime.require_control().cancel(claimed.job_id, reason="stuck")
     assert result.outcome == "CANCEL_REQUESTED"

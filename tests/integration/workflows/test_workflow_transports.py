@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,17 +304,15 @@ async def test_the_next_version_of_a_workflow_reads_a_remote_answer_with_its_own
     assert entries[0]["response"]["total"] == len(TEXT.split())
 
 
-async def test_a_remote_answer_that_is_not_the_response_type_fails_the_step_non_retryably(
-    channels: GrpcChannels,
-) -> None:
-    async def garbled(request: bytes, context: Any) -> bytes:
-        return b"\xff\xff\xff"  # a truncated varint: no message parses from it
-
+async def _tokenize_answered_by(
+    answer: Callable[[bytes, Any], Awaitable[bytes]], channels: GrpcChannels
+) -> tuple[str, pytest.ExceptionInfo[StepFailure]]:
+    """The step failure of a one-step workflow whose Tokenize server answers ``answer``'s bytes."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
-                "jobs.test.Tokenizer", {"Tokenize": grpc.unary_unary_rpc_method_handler(garbled)}
+                "jobs.test.Tokenizer", {"Tokenize": grpc.unary_unary_rpc_method_handler(answer)}
             ),
         )
     )
@@ -327,6 +325,16 @@ async def test_a_remote_answer_that_is_not_the_response_type_fails_the_step_non_
             await remote.run(remote.envelope(review=None), {"text": TEXT})
     finally:
         await server.stop(None)
+    return target, caught
+
+
+async def test_a_remote_answer_that_is_not_the_response_type_fails_the_step_non_retryably(
+    channels: GrpcChannels,
+) -> None:
+    async def garbled(request: bytes, context: Any) -> bytes:
+        return b"\xff\xff\xff"  # a truncated varint: no message parses from it
+
+    target, caught = await _tokenize_answered_by(garbled, channels)
     assert caught.value.kind is FailureKind.NON_RETRYABLE
     assert caught.value.step_name == "tokenize"
     assert caught.value.message == (
@@ -340,23 +348,7 @@ async def test_a_remote_answer_over_grpcs_size_limit_fails_at_once_not_as_out_of
     async def huge(request: bytes, context: Any) -> bytes:
         return message_class("jobs.test.Tokens")(ids=[2**30] * 1_000_000).SerializeToString()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "jobs.test.Tokenizer", {"Tokenize": grpc.unary_unary_rpc_method_handler(huge)}
-            ),
-        )
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    target = f"127.0.0.1:{port}"
-    remote = Transport("grpc", target, HandlerRegistry(), CallLog(), channels)
-    try:
-        with pytest.raises(StepFailure) as caught:
-            await remote.run(remote.envelope(review=None), {"text": TEXT})
-    finally:
-        await server.stop(None)
+    target, caught = await _tokenize_answered_by(huge, channels)
     # Sent again, the same answer is refused again: no attempt is worth spending.
     assert caught.value.kind is FailureKind.NON_RETRYABLE
     assert caught.value.message == (

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.integration.http.conftest import LiveApi
-from tests.integration.http.test_watch import store_review
+from tests.integration.http.test_watch import running_review_job
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,15 +34,7 @@ async def _read_while_an_attempt_ends(live_api: LiveApi, verb: str) -> dict[str,
     """``verb``'s answer about a RUNNING job whose attempt ends while the answer is read:
     the history is held still until the attempt has ended, so a read that took
     the job first must wait there, and then read what was so then."""
-    await store_review(live_api)
-    body = {"workflow_name": "web-review", "input": {"text": "look"}}
-    async with live_api.session.post(
-        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
-    ) as r:
-        job_id = (await r.json())["job"]["job_id"]
-    runs = live_api.runtime.require_runs()
-    claimed = await runs.claim("http-test")
-    assert claimed is not None
+    job_id, _ = await running_review_job(live_api)
     dsn = live_api.runtime.settings.database_url
     async with await psycopg.AsyncConnection.connect(dsn) as ender:
         await ender.execute("LOCK TABLE workflow_run_attempt IN ACCESS EXCLUSIVE MODE")

@@ -21,6 +21,7 @@ import pytest
 
 from cli.main import main as cli_main
 from store.progress import ProgressReport, ProgressStore
+from store.records import ClaimedJob
 from store.tokens import create_token, revoke_token
 from streams import auth
 from streams.http_errors import REQUEST_ID_HEADER
@@ -57,6 +58,17 @@ async def store_review(api: LiveApi) -> None:
     path = api.url + "/v1/workflows/web-review"
     async with api.session.put(path, json={"workflow": WEB_WORKFLOW}, headers=api.auth) as r:
         assert r.status in (200, 201), await r.text()
+
+
+async def running_review_job(api: LiveApi) -> tuple[str, ClaimedJob]:
+    """A job of the stored review workflow, submitted over HTTP and claimed by ``http-test``."""
+    await store_review(api)
+    body = {"workflow_name": "web-review", "input": {"text": "look"}}
+    async with api.session.post(api.url + "/v1/workflow-runs", json=body, headers=api.auth) as r:
+        job_id = (await r.json())["job"]["job_id"]
+    claimed = await api.runtime.require_runs().claim("http-test")
+    assert claimed is not None
+    return job_id, claimed
 
 
 def events_path(job_id: str) -> str:
@@ -125,15 +137,8 @@ async def test_last_event_id_resumes_after_that_event(live_api: LiveApi) -> None
 async def test_progress_reaches_the_watcher_and_a_lost_claim_cannot_write_it(
     live_api: LiveApi,
 ) -> None:
-    await store_review(live_api)
-    body = {"workflow_name": "web-review", "input": {"text": "look"}}
-    async with live_api.session.post(
-        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
-    ) as r:
-        job_id = (await r.json())["job"]["job_id"]
+    job_id, claimed = await running_review_job(live_api)
     runs = live_api.runtime.require_runs()
-    claimed = await runs.claim("http-test")
-    assert claimed is not None
     lease = claimed.lease
     progress = ProgressStore(runs.pool)
     stale = ProgressReport(lease.job_id, lease.token - 1, lease.attempt, "tokenize", 0.9, "old")
@@ -255,15 +260,8 @@ async def test_stopping_the_server_ends_open_watches_at_once(make_database: Any)
 
 
 async def test_a_watcher_that_stops_reading_gives_its_place_back(live_api: LiveApi) -> None:
-    await store_review(live_api)
-    body = {"workflow_name": "web-review", "input": {"text": "look"}}
-    async with live_api.session.post(
-        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
-    ) as r:
-        job_id = (await r.json())["job"]["job_id"]
+    job_id, claimed = await running_review_job(live_api)
     runs = live_api.runtime.require_runs()
-    claimed = await runs.claim("http-test")
-    assert claimed is not None
     # More than the socket buffers of both ends hold, so the server's writes block.
     for i in range(20):
         entry = {"name": f"step{i}", "skipped": False, "response": {"blob": "x" * 500_000}}
@@ -358,15 +356,8 @@ async def test_the_event_stream_carries_a_request_id_like_every_answer(live_api:
 async def test_progress_is_only_sent_while_the_claim_that_reported_it_holds_the_job(
     live_api: LiveApi,
 ) -> None:
-    await store_review(live_api)
-    body = {"workflow_name": "web-review", "input": {"text": "look"}}
-    async with live_api.session.post(
-        live_api.url + "/v1/workflow-runs", json=body, headers=live_api.auth
-    ) as r:
-        job_id = (await r.json())["job"]["job_id"]
+    job_id, claimed = await running_review_job(live_api)
     runs = live_api.runtime.require_runs()
-    claimed = await runs.claim("http-test")
-    assert claimed is not None
     lease = claimed.lease
     report = ProgressReport(lease.job_id, lease.token, lease.attempt, "tokenize", 0.5, "half")
     assert await ProgressStore(runs.pool).record([report]) == 1

@@ -31,6 +31,7 @@ from workflows import (
 )
 from workflows.compiler import compile_definition
 from workflows.invokers import TargetRefused
+from workflows.steps import CompiledWorkflow
 from workflows.targets import ALLOW_ALL, TargetPolicy
 
 pytestmark = pytest.mark.asyncio
@@ -124,16 +125,7 @@ async def test_a_stored_snapshot_off_the_list_fails_at_call_time_without_diallin
     workflow = compile_definition(envelope(target=listener.target, review=None))
     channels = GrpcChannels(policy=TargetPolicy.parse(["10.9.9.9:443"]))
     with pytest.raises(StepFailure) as caught:
-        await run_segment(
-            workflow,
-            {"text": "x"},
-            [],
-            job_id="j",
-            attempt=1,
-            on_checkpoint=_ignore,
-            registry=HandlerRegistry(),
-            channels=channels,
-        )
+        await _segment(workflow, channels)
     assert caught.value.kind is FailureKind.NON_RETRYABLE
     assert "is not an allowed step target" in caught.value.message
     assert len(channels) == 0
@@ -189,16 +181,7 @@ async def test_a_local_socket_is_not_dialled_at_call_time(tmp_path: Any) -> None
     channels = GrpcChannels(policy=TargetPolicy.parse(["*:*"]))
     try:
         with pytest.raises(StepFailure) as caught:
-            await run_segment(
-                workflow,
-                {"text": "x"},
-                [],
-                job_id="j",
-                attempt=1,
-                on_checkpoint=_ignore,
-                registry=HandlerRegistry(),
-                channels=channels,
-            )
+            await _segment(workflow, channels)
         assert caught.value.kind is FailureKind.NON_RETRYABLE
         assert "resolver scheme" in caught.value.message
         assert len(channels) == 0 and _Recorder.calls == 0
@@ -224,16 +207,7 @@ async def test_a_transport_error_keeps_the_status_and_not_the_peers_text(
     workflow = compile_definition(envelope(target=listener.target, review=None))
     channels = GrpcChannels(policy=ALLOW_ALL)
     with pytest.raises(StepFailure) as caught:
-        await run_segment(
-            workflow,
-            {"text": "x"},
-            [],
-            job_id="j",
-            attempt=1,
-            on_checkpoint=_ignore,
-            registry=HandlerRegistry(),
-            channels=channels,
-        )
+        await _segment(workflow, channels)
     await channels.close()
     assert listener.connections >= 1  # it was dialled: allowed this time
     message = caught.value.message
@@ -249,19 +223,24 @@ async def _ignore(entry: dict[str, Any]) -> None:
     return None
 
 
-async def _run(runtime: Runtime, target: str) -> Any:
-    """A segment of the test workflow against ``target``, over the runtime's channels."""
-    workflow = compile_definition(envelope(target=target, review=None))
+async def _segment(workflow: CompiledWorkflow, channels: GrpcChannels, text: str = "x") -> Any:
+    """A first segment of ``workflow`` whose remote steps go through ``channels``."""
     return await run_segment(
         workflow,
-        {"text": "a b"},
+        {"text": text},
         [],
         job_id="j",
         attempt=1,
         on_checkpoint=_ignore,
         registry=HandlerRegistry(),
-        channels=runtime.channels,
+        channels=channels,
     )
+
+
+async def _run(runtime: Runtime, target: str) -> Any:
+    """A segment of the test workflow against ``target``, over the runtime's channels."""
+    workflow = compile_definition(envelope(target=target, review=None))
+    return await _segment(workflow, runtime.channels, "a b")
 
 
 def _runtime(**env: str) -> Runtime:

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient
 
 from schemas.contract import WorkflowRunRequest
 from schemas.errors import Unavailable
 from schemas.serde import RequestDecoder
 from store.outbox import Outbox
-from store.records import Job
+from store.records import ClaimedJob, Job
 from streams.jobs import Jobs
 from streams.request_agent import Message, RequestHandler
 from streams.runtime import Runtime
@@ -183,6 +184,25 @@ async def test_the_complete_step_view_delegates_to_the_verb(
     ]
 
 
+async def claimed_past_embed(
+    client: TestClient[Any, Any], runtime: Runtime, workflow: dict[str, Any]
+) -> tuple[str, ClaimedJob]:
+    """A job of ``workflow`` (an inline or a stored one) submitted over HTTP,
+    claimed, with its tokenize and embed steps checkpointed."""
+    response = await client.post("/v1/workflow-runs", json={**workflow, "input": {"text": "hi"}})
+    assert response.status == 201, await response.text()
+    job_id = (await response.json())["job"]["job_id"]
+    runs = runtime.require_runs()
+    claimed = await runs.claim("web-test")
+    assert claimed is not None
+    for name, answer in (
+        ("tokenize", {"ids": tokenize_ids("hi"), "count": 1}),
+        ("embed", {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}),
+    ):
+        await runs.checkpoint(claimed.lease, {"name": name, "skipped": False, "response": answer})
+    return job_id, claimed
+
+
 async def test_a_completion_read_just_before_its_job_parks_on_the_step_is_judged(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,21 +213,8 @@ async def test_a_completion_read_just_before_its_job_parks_on_the_step_is_judged
     workflow["steps"][2]["validate"] = ["response.approved && input.text != ''"]
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
         await put_workflow(client, workflow)
-        response = await client.post(
-            "/v1/workflow-runs", json={"workflow_name": "web-review", "input": {"text": "hi"}}
-        )
-        assert response.status == 201, await response.text()
-        job_id = (await response.json())["job"]["job_id"]
+        job_id, claimed = await claimed_past_embed(client, runtime, {"workflow_name": "web-review"})
         runs = runtime.require_runs()
-        claimed = await runs.claim("web-test")
-        assert claimed is not None
-        for name, answer in (
-            ("tokenize", {"ids": tokenize_ids("hi"), "count": 1}),
-            ("embed", {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}),
-        ):
-            await runs.checkpoint(
-                claimed.lease, {"name": name, "skipped": False, "response": answer}
-            )
         read = runs.get
 
         async def read_then_park(job: uuid.UUID | str) -> Job:
@@ -237,21 +244,8 @@ async def test_a_completion_is_judged_off_the_event_loop(dsn: str) -> None:
         "size(response.vector.filter(x, x >= 0.0)) == size(response.vector)"
     ]
     async with serve({"DATABASE_URL": dsn}) as (client, runtime):
-        response = await client.post(
-            "/v1/workflow-runs", json={"workflow": workflow, "input": {"text": "hi"}}
-        )
-        assert response.status == 201, await response.text()
-        job_id = (await response.json())["job"]["job_id"]
+        job_id, claimed = await claimed_past_embed(client, runtime, {"workflow": workflow})
         runs = runtime.require_runs()
-        claimed = await runs.claim("web-test")
-        assert claimed is not None
-        for name, answer in (
-            ("tokenize", {"ids": tokenize_ids("hi"), "count": 1}),
-            ("embed", {"vector": [0.5, 0.25, 0.0, 1.0], "dimensions": 4}),
-        ):
-            await runs.checkpoint(
-                claimed.lease, {"name": name, "skipped": False, "response": answer}
-            )
         await runs.park(claimed.lease, "answer")
         vector = [index + 0.5 for index in range(4000)]
 

@@ -47,6 +47,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
+import devstack.processes
 from devstack.apache_kafka import ApacheKafkaService, SaslSslListener
 from devstack.postgres import PostgresService
 from devstack.schema_registry import SchemaRegistryService
@@ -55,6 +56,31 @@ from store.databases import dsn_with_database
 from store.migrate import load_migrations, migrate
 from tests.certificates import make_server_certificates
 from tests.forkserver import ForkServer
+
+# --------------------------------------------------------------------------- ports
+
+
+def _confine_server_ports(config: pytest.Config) -> None:
+    """Give this process its own share of the ports ``free_port`` draws from.
+
+    A port is free when drawn but bound only once its server is up, seconds
+    later for a worker process; two xdist workers that drew the same port in
+    that window left one server unable to start. Each xdist worker, and the
+    controller, draws from a slice of its own.
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        workers, index = int(workerinput["workercount"]), int(workerinput["workerid"][2:])
+    elif _distributes(config) and isinstance(config.option.numprocesses, int):
+        workers = index = config.option.numprocesses
+    else:
+        return
+    ports = devstack.processes._SERVER_PORTS
+    width = len(ports) // (workers + 1)
+    devstack.processes._SERVER_PORTS = range(
+        ports.start + index * width, ports.start + (index + 1) * width
+    )
+
 
 # --------------------------------------------------------------------------- Postgres
 
@@ -541,6 +567,7 @@ def _use_memory_backed_scratch() -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _use_memory_backed_scratch()
+    _confine_server_ports(config)
     if not _distributes(config) or _only_unit_tests(config):
         return
     # Before xdist starts its workers (at session start), so they inherit the

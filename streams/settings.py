@@ -23,7 +23,13 @@ from store.runs import MAX_ATTEMPTS_CEILING, RETRY_MAX_CEILING_S
 from streams import kafka_security as client_security
 from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
-from workflows.rules import DEFAULT_RULE_CHARS, DEFAULT_RULE_NESTING, MAX_RULE_CHARS, RuleLimits
+from workflows.rules import (
+    DEFAULT_RULE_CHARS,
+    DEFAULT_RULE_COST,
+    DEFAULT_RULE_NESTING,
+    MAX_RULE_CHARS,
+    RuleLimits,
+)
 from workflows.targets import TargetPolicy, TlsRule
 
 if TYPE_CHECKING:
@@ -139,6 +145,7 @@ class Settings:
     rule_max_nesting: int = field(
         default=DEFAULT_RULE_NESTING, metadata={"env": "WFJOBS_RULE_MAX_NESTING"}
     )
+    rule_max_cost: int = field(default=DEFAULT_RULE_COST, metadata={"env": "WFJOBS_RULE_MAX_COST"})
     compile_timeout_s: float = field(default=2.0, metadata={"env": "WFJOBS_COMPILE_TIMEOUT_S"})
 
     # Topics.
@@ -608,13 +615,19 @@ class Settings:
             raise SettingsError(f"WFJOBS_STEP_TARGET_TLS: {exc}") from None
 
     def rule_limits(self) -> RuleLimits:
-        """``WFJOBS_RULE_MAX_CHARS`` and ``WFJOBS_RULE_MAX_NESTING``."""
+        """``WFJOBS_RULE_MAX_CHARS``, ``WFJOBS_RULE_MAX_NESTING`` and ``WFJOBS_RULE_MAX_COST``."""
         if not 1 <= self.rule_max_chars <= MAX_RULE_CHARS or self.rule_max_nesting < 1:
             raise SettingsError(
                 f"WFJOBS_RULE_MAX_CHARS must be between 1 and {MAX_RULE_CHARS} and "
                 "WFJOBS_RULE_MAX_NESTING at least 1"
             )
-        return RuleLimits(max_chars=self.rule_max_chars, max_nesting=self.rule_max_nesting)
+        if self.rule_max_cost < 1:
+            raise SettingsError("WFJOBS_RULE_MAX_COST must be at least 1")
+        return RuleLimits(
+            max_chars=self.rule_max_chars,
+            max_nesting=self.rule_max_nesting,
+            max_cost=self.rule_max_cost,
+        )
 
     def retention_policy(self) -> RetentionPolicy:
         """``WFJOBS_OUTBOX_RETENTION`` and ``WFJOBS_JOB_RETENTION``, parsed."""

@@ -143,6 +143,7 @@ def compile_definition(
         validator=validator,
         input_codec=codecs.of(input_descriptor),
         job_deadline_ms=job_deadline_ms,
+        rule_max_cost=limits.max_cost,
         _by_name={step.name: step for step in steps},
     )
 

@@ -52,6 +52,8 @@ from workflows.scalars import FLOAT_TYPES, INT64_TYPES, MESSAGE_TYPES, Refuse, r
 MAX_RULE_CHARS = 4096  # the parser recurses; very deep expressions could exhaust the stack
 DEFAULT_RULE_CHARS = 1024
 DEFAULT_RULE_NESTING = 3
+# About a twentieth of a second of the engine's time at worst (see Rule.walks).
+DEFAULT_RULE_COST = 1_000_000
 
 _PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*"
 _ASSIGNMENT = re.compile(rf"\s*({_PATH})\s*=(?!=)(.*)", re.DOTALL)
@@ -81,6 +83,8 @@ _MEMBER_CHAIN = re.compile(r"\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\s*")
 _UNDEFINED = re.compile(r"Undefined variable or function: '([^']*)'")
 _BINDER_MACROS = r"(?:all|exists|exists_one|existsOne|map|filter|bind|transformList|transformMap)"
 _MACRO_CALL = re.compile(rf"\.\s*{_BINDER_MACROS}\s*\(")
+# The macros that build a list, which the engine copies at every element.
+_LIST_BUILDER = re.compile(r"\.\s*(?:map|filter)\s*\(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +95,24 @@ class RuleLimits:
     multiplies the work of evaluating the rule by the size of the list it walks,
     so ``max_nesting`` bounds how deep they go; ``max_chars`` bounds the size of
     everything else, list literals included.
+
+    Evaluating holds the interpreter lock, and what a walk costs depends on
+    the data it walks, which no cap on the text bounds: ``max_cost`` bounds
+    the estimate :meth:`Scope.evaluate` makes from the values in scope before
+    it evaluates a rule that walks lists.
     """
 
     max_chars: int = DEFAULT_RULE_CHARS
     max_nesting: int = DEFAULT_RULE_NESTING
+    max_cost: int = DEFAULT_RULE_COST
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_chars <= MAX_RULE_CHARS:
             raise ValueError(f"max_chars must be between 1 and {MAX_RULE_CHARS}")
         if self.max_nesting < 1:
             raise ValueError("max_nesting must be at least 1")
+        if self.max_cost < 1:
+            raise ValueError("max_cost must be at least 1")
 
 
 DEFAULT_LIMITS = RuleLimits()
@@ -108,6 +120,10 @@ DEFAULT_LIMITS = RuleLimits()
 
 class RuleError(Exception):
     """A rule is malformed; the text says what is wrong, the caller adds where."""
+
+
+class RuleTooCostly(Exception):
+    """The values in scope would make a rule cost more than its limit to evaluate."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -119,6 +135,16 @@ class Rule:
     is a bare member chain over the scope (``tokenize.ids``): those are read
     straight from the JSON values, no engine round trip. ``needs`` are the
     scope names the expression reads.
+
+    ``walks`` (0 for a rule without comprehension macros) is the power of the
+    length of the lists the rule can reach that bounds its cost: each macro
+    nested in another walks a list for every element of the outer one, and a
+    ``map`` or ``filter`` copies the list it builds at every element, which
+    adds one more (the engine's ``map`` over a thousand elements takes about
+    50 ms here, over four thousand 800 ms). A rule without macros costs what
+    its text and its values add up to. ``widens`` bounds how many times longer
+    than the values in scope a list the rule builds can be: each ``+`` can
+    join two. ``literal`` is the length of its longest list or map literal.
     """
 
     text: str
@@ -127,6 +153,9 @@ class Rule:
     target: tuple[str, ...] = ()
     path: tuple[str, ...] | None = None
     needs: tuple[str, ...] = ()
+    walks: int = 0
+    widens: int = 1
+    literal: int = 0
 
 
 def make_rule(
@@ -141,7 +170,12 @@ def make_rule(
         parts = tuple(part.strip() for part in expression.split("."))
         if parts[0] in names:
             path = parts
-    return Rule(text, expression, program, target, path, needs)
+    blanked = _blank_literals(expression)
+    depth = macro_depth(blanked)
+    walks = depth + 1 if depth and _LIST_BUILDER.search(blanked) else depth
+    widens = blanked.count("+") + 1
+    literal = longest_literal(blanked) if walks else 0
+    return Rule(text, expression, program, target, path, needs, walks, widens, literal)
 
 
 def split_assignment(text: str) -> tuple[tuple[str, ...], str]:
@@ -162,9 +196,40 @@ def check_limits(expression: str, limits: RuleLimits) -> None:
         raise RuleError(
             f"is {len(expression)} characters long; a rule may have at most {limits.max_chars}"
         )
+    deepest = macro_depth(_blank_literals(expression))
+    if deepest > limits.max_nesting:
+        raise RuleError(
+            f"nests comprehension macros (map, filter, all, exists...) {deepest} deep; "
+            f"at most {limits.max_nesting} are allowed, since each level multiplies "
+            "the work of evaluating the rule"
+        )
+
+
+def longest_literal(text: str) -> int:
+    """The most elements of one list or map literal in ``text`` (literals blanked)."""
+    longest = 0
+    # Per open bracket: its kind and the commas seen directly inside it.
+    open_brackets: list[list[Any]] = []
+    for char in text:
+        if char in "([{":
+            open_brackets.append([char, 0, False])
+        elif char == "," and open_brackets:
+            open_brackets[-1][1] += 1
+        elif char in ")]}" and open_brackets:
+            kind, commas, filled = open_brackets.pop()
+            if kind != "(" and filled:
+                longest = max(longest, commas + 1)
+        elif not char.isspace() and open_brackets:
+            open_brackets[-1][2] = True
+        if char in ")]}" and open_brackets:
+            open_brackets[-1][2] = True
+    return longest
+
+
+def macro_depth(text: str) -> int:
+    """How deep comprehension macros nest in ``text`` (literals and comments blanked)."""
     depth = deepest = 0
     frames: list[bool] = []  # per open parenthesis: does it open a macro's arguments?
-    text = _blank_literals(expression)
     position = 0
     while position < len(text):
         macro = _MACRO_CALL.match(text, position)
@@ -180,12 +245,7 @@ def check_limits(expression: str, limits: RuleLimits) -> None:
         elif char == ")" and frames:
             depth -= frames.pop()
         position += 1
-    if deepest > limits.max_nesting:
-        raise RuleError(
-            f"nests comprehension macros (map, filter, all, exists...) {deepest} deep; "
-            f"at most {limits.max_nesting} are allowed, since each level multiplies "
-            "the work of evaluating the rule"
-        )
+    return deepest
 
 
 def compile_expression(expression: str) -> cel.Program:
@@ -228,18 +288,23 @@ class Scope:
     binding, because that conversion costs about a microsecond per element.
     """
 
-    __slots__ = ("_stale", "context", "values")
+    __slots__ = ("_elements", "_stale", "context", "max_cost", "values")
 
-    def __init__(self, input_value: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, input_value: Mapping[str, Any] | None, *, max_cost: int = DEFAULT_RULE_COST
+    ) -> None:
         self.values: dict[str, Any] = {}
         self.context = cel.Context()
+        self.max_cost = max_cost
         self._stale: set[str] = set()
+        self._elements: dict[str, int] = {}
         if input_value is not None:
             self.bind("input", input_value)
 
     def bind(self, name: str, value: Any) -> None:
         self.values[name] = value
         self._stale.add(name)
+        self._elements.pop(name, None)
 
     def evaluate(self, rule: Rule) -> Any:
         """The rule's value; member chains come back in proto3 JSON form already."""
@@ -251,6 +316,8 @@ class Scope:
                     raise TypeError(f"cannot select {part!r} from {describe_value(value)}")
                 value = value[part]
             return value
+        if rule.walks:
+            self._check_cost(rule)
         stale = self._stale
         if stale:
             for name in rule.needs:
@@ -263,6 +330,43 @@ class Scope:
         """The rule's value in proto3 JSON form."""
         value = self.evaluate(rule)
         return value if rule.path is not None else to_json_value(value)
+
+    def _check_cost(self, rule: Rule) -> None:
+        """Raise :class:`RuleTooCostly` before an evaluation the limit does not allow.
+
+        The engine cannot be stopped once it evaluates, so the bound is taken
+        from what it will walk: every element of the values the rule reads
+        (any of them may be one list) and its longest literal, times
+        ``widens``, to the power ``walks``.
+        """
+        elements = 0
+        for name in rule.needs:
+            count = self._elements.get(name)
+            if count is None:
+                count = self._elements[name] = count_elements(self.values[name])
+            elements += count
+        reach = (elements + rule.literal) * rule.widens
+        if reach**rule.walks > self.max_cost:
+            raise RuleTooCostly(
+                f"would walk lists of up to {reach} elements (the values it reads hold "
+                f"{elements}), an estimated {reach}^{rule.walks} steps, over its limit of "
+                f"{self.max_cost} (WFJOBS_RULE_MAX_COST)"
+            )
+
+
+def count_elements(value: Any) -> int:
+    """Every list element and object member in a JSON value, at any depth."""
+    count = 0
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if type(node) is dict:
+            count += len(node)
+            pending.extend(node.values())
+        elif type(node) is list:
+            count += len(node)
+            pending.extend(node)
+    return count
 
 
 def assign(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:

@@ -22,7 +22,15 @@ from workflows.codec import Codec
 from workflows.envelope import LOCAL_TARGET
 from workflows.failures import FailureKind, StepFailure
 from workflows.protojson import MessageError, describe_value, descriptor_of, pool_of
-from workflows.rules import Rule, Scope, Setter, assign, describe_error
+from workflows.rules import (
+    DEFAULT_RULE_COST,
+    Rule,
+    RuleTooCostly,
+    Scope,
+    Setter,
+    assign,
+    describe_error,
+)
 
 _CHECKPOINT_KEYS = frozenset({"name", "skipped", "response"})
 _CHANGED = "the definition changed under a live job"
@@ -171,6 +179,8 @@ class CompiledWorkflow:
     validator: protovalidate.Validator | None = field(default=None, repr=False)
     # The whole-job deadline a submit takes when it names none (``jobDeadlineMs``).
     job_deadline_ms: int | None = None
+    # The cost limit of every rule's evaluation (``RuleLimits.max_cost``).
+    rule_max_cost: int = DEFAULT_RULE_COST
     _by_name: Mapping[str, Step] = field(default_factory=dict, repr=False)
 
     @property
@@ -208,7 +218,7 @@ class CompiledWorkflow:
         normalized = self.input_codec.encode(message)
         first = self.steps[0]
         try:
-            first.build_request(Scope(normalized))
+            first.build_request(Scope(normalized, max_cost=self.rule_max_cost))
         except StepFailure as failure:
             raise InputError(
                 type_name, [f"step {first.name!r} cannot be built from it: {failure.message}"]
@@ -243,7 +253,7 @@ class CompiledWorkflow:
                 f"the stored input no longer parses as {self.input_type.DESCRIPTOR.full_name}: "
                 f"{exc}; {_CHANGED}",
             ) from None
-        scope = Scope(self.input_codec.encode(message))
+        scope = Scope(self.input_codec.encode(message), max_cost=self.rule_max_cost)
         if len(checkpoints) > len(self.steps):
             raise self._too_many(len(checkpoints))
         for position, entry in enumerate(checkpoints):
@@ -348,7 +358,7 @@ class CompiledWorkflow:
                 "pass input= and checkpoints="
             )
         else:
-            scope = Scope(None)
+            scope = Scope(None, max_cost=self.rule_max_cost)
         scope.bind(step.name, response_json)
         violations = step.judge(scope, message, response_json)
         if violations:
@@ -386,6 +396,12 @@ def _evaluate(scope: Scope, rule: Rule, step_name: str, kind: str, *, as_json: b
     """The rule's value; a rule that cannot be evaluated is a mapping defect, named."""
     try:
         return scope.evaluate_json(rule) if as_json else scope.evaluate(rule)
+    except RuleTooCostly as exc:
+        raise StepFailure(
+            FailureKind.NON_RETRYABLE,
+            step_name,
+            f"{kind} `{rule.text}` was not evaluated: it {exc}",
+        ) from None
     except Exception as exc:
         raise StepFailure(
             FailureKind.NON_RETRYABLE,

@@ -334,7 +334,19 @@ async def test_the_caps_are_the_settings_at_store_submit_and_claim(dsn: str) -> 
         "WFJOBS_POLL_INTERVAL_S": "0.05",
         "WFJOBS_RULE_MAX_CHARS": "2000",
         "WFJOBS_RULE_MAX_NESTING": "4",
+        "WFJOBS_RULE_MAX_COST": "200000",
     }
+
+    async def settled(job_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 20
+        while True:
+            job: dict[str, Any] = (await (await client.get(f"/v1/workflow-runs/{job_id}")).json())[
+                "job"
+            ]
+            if job["status"] not in {"QUEUED", "RUNNING"} or time.monotonic() > deadline:
+                return job
+            await asyncio.sleep(0.05)
+
     async with serve(env) as (client, _):
         # Past the defaults (1024 characters, 3 deep) but within the settings.
         roomy = with_validate(long_rule(2000), "roomy")
@@ -347,13 +359,26 @@ async def test_the_caps_are_the_settings_at_store_submit_and_claim(dsn: str) -> 
         assert submitted.status == 201, await submitted.text()
         job_id = (await submitted.json())["job"]["job_id"]
         # A claim compiles the snapshot under the same caps, and runs it.
-        deadline = time.monotonic() + 20
-        while True:
-            job = (await (await client.get(f"/v1/workflow-runs/{job_id}")).json())["job"]
-            if job["status"] not in {"QUEUED", "RUNNING"} or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
+        job = await settled(job_id)
         assert job["status"] == "COMPLETED", job
+
+        # A walk that costs what the setting allows runs; one past it (yet well
+        # within the default) fails its job for good, naming the setting.
+        walking = with_validate("input.meta.tags.map(t, t).size() >= 0", "walking")
+        stored = await client.put("/v1/workflows/walking", json={"workflow": walking})
+        assert stored.status == 201, await stored.text()
+        for tags, status in ((100, "COMPLETED"), (500, "FAILED")):
+            submitted = await client.post(
+                "/v1/workflow-runs",
+                json={
+                    "workflow_name": "walking",
+                    "input": {"text": "a b", "meta": {"tags": ["t"] * tags}},
+                },
+            )
+            assert submitted.status == 201, await submitted.text()
+            job = await settled((await submitted.json())["job"]["job_id"])
+            assert job["status"] == status, job
+        assert "(WFJOBS_RULE_MAX_COST)" in json.dumps(job), job
 
         for rule, refusal in (
             (long_rule(2001), "is 2001 characters long; a rule may have at most 2000"),

@@ -62,6 +62,7 @@ def test_values_are_parsed() -> None:
         ({"WFJOBS_RETRY_MAX_S": "0"}, "WFJOBS_RETRY_MAX_S must be positive"),
         ({"WFJOBS_MAX_ATTEMPTS": "101"}, "WFJOBS_MAX_ATTEMPTS must be at most 100, got 101"),
         ({"WFJOBS_RETRY_MAX_S": "1e12"}, "WFJOBS_RETRY_MAX_S must be at most 31536000 "),
+        ({"WFJOBS_RULE_MAX_COST": "0"}, "WFJOBS_RULE_MAX_COST must be at least 1"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], names: str) -> None:

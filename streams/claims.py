@@ -185,6 +185,10 @@ class _Holding:
     cancel_requested: bool = False
     # The last step's checkpoint, held back to be written with the settle.
     held_back: dict[str, Any] | None = None
+    # Waiting for its target's slot: the process's own cap holds it back, and
+    # the segments holding the slots are watched themselves, so the wait is
+    # not a segment without progress.
+    awaiting_slot: bool = False
 
     def progressed(self, now: float) -> None:
         self.mark += 1
@@ -196,6 +200,9 @@ class _Holding:
         self.ended.set()
 
     def report(self, now: float) -> SegmentProgress:
+        if self.awaiting_slot:
+            # A new mark: the store moves a job's progress time only with it.
+            self.progressed(now)
         return SegmentProgress(
             mark=self.mark, idle_s=now - self.progress_at, deadline_s=self.deadline_s
         )
@@ -702,7 +709,10 @@ class ClaimLoops(mode.Service):
                 labels = (workflow_name, name, "ok" if answered else "error")
                 timings.observe(timings.step_duration, labels, seconds)
 
-        async with self._slot(step):
+        slot = self._slot(step)
+        holding.awaiting_slot = True
+        async with slot:
+            holding.awaiting_slot = False
             holding.progressed(self._clock())
             return await run_segment(
                 workflow,
@@ -834,7 +844,7 @@ class ClaimLoops(mode.Service):
         job_id = holding.lease.job_id
         if holding.ended_at is None and holding.stalled_at is None:
             idle = now - holding.progress_at
-            if idle > holding.stall_s and holding.segment is not None:
+            if idle > holding.stall_s and holding.segment is not None and not holding.awaiting_slot:
                 holding.stalled_at = now
                 log.warning(
                     "job %s: segment made no progress for %.1fs, longer than its deadline "

@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -25,7 +25,7 @@ from store.runs import RunStore
 from streams.claims import ClaimLoops
 from streams.relay import OutboxRelay, producer_config
 from streams.sweeper import Sweeper
-from tests.workflows_fixtures import CallLog, envelope, make_registry
+from tests.workflows_fixtures import EMBED, TOKENIZE, CallLog, envelope, make_registry
 from workflows.cache import DefinitionCache
 from workflows.steps import CompiledWorkflow
 
@@ -208,6 +208,107 @@ async def test_a_segment_without_progress_is_stopped_and_given_up_by_its_worker(
         "stall",
         job.error,
     )
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_job_waiting_for_its_targets_slot_is_not_stalled_out(pool: Pool) -> None:
+    """Two claim loops, one slot: the second job waits while the first makes progress."""
+    lease_s, deadline_s = 30.0, 1.0
+    runs = RunStore(pool, lease_s=lease_s, retry_base_s=600.0)
+    workflow = envelope(name="one-slot", review="invoke", deadline_ms=1000)
+    first = await submit(runs, workflow, "a b")
+    second = await submit(runs, workflow, "c d")
+    registry = make_registry(CallLog())
+    gates: asyncio.Queue[asyncio.Event] = asyncio.Queue()
+    for method in (TOKENIZE, EMBED):
+        inner = registry.get(method)
+        assert inner is not None
+
+        async def gated(request: Any, ctx: Any, inner: Any = inner) -> Any:
+            gate = asyncio.Event()
+            await gates.put(gate)
+            await gate.wait()
+            return await inner(request, ctx)
+
+        registry.register(method, gated, replace=True)
+    clock = Clock()
+    loops = claim_loops(runs, clock=clock, registry=registry, loops=2, max_per_target=1)
+    await loops.start()
+    try:
+        # One job's steps run a step at a time, each taking most of the time its
+        # segment may go without progress; the other job waits for the slot
+        # through two of them.
+        for _ in range(2):
+            gate = await asyncio.wait_for(gates.get(), timeout=5)
+            await _until(lambda: loops.health().detail["running_segments"] == 2)
+            await asyncio.sleep(0.05)  # the second segment reaches the slot
+            clock.advance(deadline_s + lease_s - 1.0)
+            loops.watch_once()
+            gate.set()
+        assert loops.stats.stalled == 0
+
+        async def open_every_gate() -> None:
+            while True:
+                (await gates.get()).set()
+
+        opener = asyncio.create_task(open_every_gate())
+        try:
+            for job_id in (first, second):
+                await wait_status(runs, job_id, "COMPLETED", timeout_s=5.0)
+        finally:
+            opener.cancel()
+    finally:
+        await loops.stop()
+    for job_id in (first, second):
+        job = await wait_status(runs, job_id, "COMPLETED", timeout_s=5.0)
+        assert job.attempt == 1
+    assert loops.stats.stalled == 0 and loops.stats.retried == 0
+
+
+async def test_the_store_does_not_take_a_job_waiting_for_its_slot_as_stalled(pool: Pool) -> None:
+    """The renewals of a job waiting for the slot move its progress time in the row."""
+    lease_s = 30.0
+    runs = RunStore(pool, lease_s=lease_s, retry_base_s=600.0)
+    registry = make_registry(CallLog())
+    held = asyncio.Event()
+    go = asyncio.Event()
+    inner = registry.get(TOKENIZE)
+    assert inner is not None
+
+    async def holds_the_slot(request: Any, ctx: Any) -> Any:
+        if not held.is_set():
+            held.set()
+            await go.wait()
+        return await inner(request, ctx)
+
+    registry.register(TOKENIZE, holds_the_slot, replace=True)
+    loops = claim_loops(runs, registry=registry, loops=2, max_per_target=1)
+    await loops.start()
+    try:
+        # A slow job of a workflow with a long deadline takes the one slot; a job
+        # whose deadline is one second waits for it.
+        await submit(runs, envelope(name="patient", review="invoke", deadline_ms=10_000), "a")
+        await asyncio.wait_for(held.wait(), timeout=5)
+        waiting = await submit(runs, envelope(name="brief", review="invoke", deadline_ms=1000), "b")
+        await _until(lambda: loops.health().detail["running_segments"] == 2)
+        await asyncio.sleep(2.0)  # renewals of both jobs, every 0.2 s
+        # An instant within both leases, by which a job idle since its wait
+        # began would have stalled (a second of deadline plus the lease).
+        instant = datetime.now(UTC) + timedelta(seconds=lease_s - 0.3)
+        swept = await runs.sweep_expired(now=instant)
+        assert swept.requeued == 0, swept
+        assert (await runs.get(waiting)).status == "RUNNING"
+        go.set()
+        await wait_status(runs, waiting, "COMPLETED", timeout_s=5.0)
+    finally:
+        go.set()
+        await loops.stop()
 
 
 class SettleThatHangs(RunStore):

@@ -59,6 +59,7 @@ from workflows.rules import (
     split_assignment,
 )
 from workflows.steps import CompiledWorkflow, Step, first_line
+from workflows.validation import MessageValidation
 
 Progress = Callable[[str], None]
 
@@ -113,7 +114,7 @@ def compile_definition(
     deadline_ms = parse_deadline(envelope.get("deadlineMs"))
     job_deadline_ms = parse_job_deadline(envelope.get("jobDeadlineMs"))
 
-    validator = protovalidate.Validator() if schema.uses_protovalidate else None
+    validation = MessageValidation.of(schema, limits.max_cost)
     envelope_steps = raw_steps(envelope)
     names = step_names(envelope_steps)
 
@@ -122,16 +123,18 @@ def compile_definition(
     env: dict[str, Descriptor] = {"input": input_descriptor}
     steps: list[Step] = []
     for index, raw in enumerate(envelope_steps):
-        step = _compile_step(index, raw, names, schema, env, probes, validator, codecs, checking)
+        step = _compile_step(index, raw, names, schema, env, probes, validation, codecs, checking)
         steps.append(step)
         env[step.name] = descriptor_of(step.response_type)
 
     output = _compile_output(envelope.get("output"), env, probes, checking)
     input_type = message_class(input_descriptor)
-    if validator is not None and probe:
-        _precheck_validator(validator, input_type, "inputType")
+    if validation is not None and probe:
+        _precheck_validator(validation.validator, input_type, "inputType")
         for step in steps:
-            _precheck_validator(validator, step.response_type, f"steps[{step.index}] {step.name!r}")
+            _precheck_validator(
+                validation.validator, step.response_type, f"steps[{step.index}] {step.name!r}"
+            )
     return CompiledWorkflow(
         name=name,
         definition_hash=digest,
@@ -140,7 +143,7 @@ def compile_definition(
         output=output,
         deadline_ms=deadline_ms,
         schema=schema,
-        validator=validator,
+        validation=validation,
         input_codec=codecs.of(input_descriptor),
         job_deadline_ms=job_deadline_ms,
         rule_max_cost=limits.max_cost,
@@ -263,7 +266,7 @@ def _compile_step(
     schema: descriptors.Schema,
     env: dict[str, Descriptor],
     probes: Probes,
-    validator: protovalidate.Validator | None,
+    validation: MessageValidation | None,
     codecs: Codecs,
     checking: _Checking,
 ) -> Step:
@@ -372,7 +375,7 @@ def _compile_step(
         rules=rules,
         validate=checks,
         reads_scope=reads_scope,
-        validator=validator,
+        validation=validation,
         setters=tuple(make_setter(method.input_type, rule.target) for rule in rules),
         request_codec=codecs.of(method.input_type),
         response_codec=response_codec,

@@ -170,12 +170,28 @@ def make_rule(
         parts = tuple(part.strip() for part in expression.split("."))
         if parts[0] in names:
             path = parts
+    return Rule(text, expression, program, target, path, needs, *cost_shape(expression))
+
+
+def cost_shape(expression: str) -> tuple[int, int, int]:
+    """``expression``'s ``walks``, ``widens`` and ``literal`` (see :class:`Rule`)."""
     blanked = _blank_literals(expression)
     depth = macro_depth(blanked)
     walks = depth + 1 if depth and _LIST_BUILDER.search(blanked) else depth
-    widens = blanked.count("+") + 1
-    literal = longest_literal(blanked) if walks else 0
-    return Rule(text, expression, program, target, path, needs, walks, widens, literal)
+    return walks, blanked.count("+") + 1, longest_literal(blanked) if walks else 0
+
+
+def estimate_cost(elements: int, shape: tuple[int, int, int], max_cost: int) -> str | None:
+    """Why a rule of ``shape`` over values of ``elements`` costs past ``max_cost``; None if not."""
+    walks, widens, literal = shape
+    reach = (elements + literal) * widens
+    if reach**walks <= max_cost:
+        return None
+    return (
+        f"would walk lists of up to {reach} elements (the values it reads hold "
+        f"{elements}), an estimated {reach}^{walks} steps, over its limit of "
+        f"{max_cost} (WFJOBS_RULE_MAX_COST)"
+    )
 
 
 def split_assignment(text: str) -> tuple[tuple[str, ...], str]:
@@ -345,13 +361,9 @@ class Scope:
             if count is None:
                 count = self._elements[name] = count_elements(self.values[name])
             elements += count
-        reach = (elements + rule.literal) * rule.widens
-        if reach**rule.walks > self.max_cost:
-            raise RuleTooCostly(
-                f"would walk lists of up to {reach} elements (the values it reads hold "
-                f"{elements}), an estimated {reach}^{rule.walks} steps, over its limit of "
-                f"{self.max_cost} (WFJOBS_RULE_MAX_COST)"
-            )
+        problem = estimate_cost(elements, (rule.walks, rule.widens, rule.literal), self.max_cost)
+        if problem is not None:
+            raise RuleTooCostly(problem)
 
 
 def count_elements(value: Any) -> int:

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import protovalidate
 from google.protobuf import json_format
 from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import Message
@@ -31,6 +30,7 @@ from workflows.rules import (
     assign,
     describe_error,
 )
+from workflows.validation import MessageValidation
 
 _CHECKPOINT_KEYS = frozenset({"name", "skipped", "response"})
 _CHANGED = "the definition changed under a live job"
@@ -71,7 +71,7 @@ class Step:
     request_codec: Codec = field(repr=False)
     response_codec: Codec = field(repr=False)
     reads_scope: bool = False
-    validator: protovalidate.Validator | None = field(default=None, repr=False)
+    validation: MessageValidation | None = field(default=None, repr=False)
     setters: tuple[Setter | None, ...] = field(default=(), repr=False)
     # External steps only: how long a parked job waits for the completion, and
     # the response (proto3 JSON of the step's output type) it takes then, if any.
@@ -143,8 +143,10 @@ class Step:
         The step's own name must already be bound in ``scope``.
         """
         violations: list[str] = []
-        if self.validator is not None:
-            violations.extend(_protovalidate(self.validator, response, "response", self.name))
+        if self.validation is not None:
+            violations.extend(
+                self.validation.violations(response, response_json, "response", self.name)
+            )
         if not self.validate:
             return violations
         scope.bind("response", response_json)
@@ -176,7 +178,7 @@ class CompiledWorkflow:
     deadline_ms: int
     schema: descriptors.Schema = field(repr=False)
     input_codec: Codec = field(repr=False)
-    validator: protovalidate.Validator | None = field(default=None, repr=False)
+    validation: MessageValidation | None = field(default=None, repr=False)
     # The whole-job deadline a submit takes when it names none (``jobDeadlineMs``).
     job_deadline_ms: int | None = None
     # The cost limit of every rule's evaluation (``RuleLimits.max_cost``).
@@ -211,8 +213,11 @@ class CompiledWorkflow:
             message = self.input_codec.decode_strict(input, "input")
         except MessageError as exc:
             raise InputError(type_name, exc.problems) from None
-        if self.validator is not None:
-            problems = _protovalidate(self.validator, message, "input", "")
+        if self.validation is not None:
+            try:
+                problems = self.validation.violations(message, input, "input", "")
+            except StepFailure as failure:
+                raise InputError(type_name, [failure.message]) from None
             if problems:
                 raise InputError(type_name, problems)
         normalized = self.input_codec.encode(message)
@@ -413,23 +418,3 @@ def _evaluate(scope: Scope, rule: Rule, step_name: str, kind: str, *, as_json: b
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
-
-
-def _protovalidate(
-    validator: protovalidate.Validator, message: Message, label: str, step_name: str
-) -> list[str]:
-    try:
-        found = validator.collect_violations(message)
-    except Exception as exc:
-        raise StepFailure(
-            FailureKind.NON_RETRYABLE,
-            step_name,
-            f"the rules declared on {message.DESCRIPTOR.full_name} cannot be evaluated: {exc}",
-        ) from None
-    problems: list[str] = []
-    for violation in found:
-        proto = violation.proto
-        elements = proto.field.elements if proto.field is not None else []
-        path = ".".join(element.field_name for element in elements if element.field_name)
-        problems.append(f"{label}.{path}: {proto.message}" if path else f"{label}: {proto.message}")
-    return problems

@@ -8,14 +8,17 @@ job's input would stall the worker's event loop for seconds. Past
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 import time
 from typing import Any
 
 import pytest
+from google.protobuf import descriptor_pb2
 
-from tests.workflows_fixtures import envelope, make_registry
+from schemas.gen.buf.validate import validate_pb2
+from tests.workflows_fixtures import descriptor_set, envelope, make_registry
 from workflows import FailureKind, InputError, StepFailure, compile_definition, run_segment
 from workflows.rules import RuleLimits, RuleTooCostly, Scope, count_elements, make_rule
 
@@ -118,3 +121,56 @@ async def test_a_rule_too_costly_for_a_steps_response_fails_the_job_for_good() -
 
 async def _ignore(entry: dict[str, Any]) -> None:
     return None
+
+
+def _with_message_rule(message: str, field_name: str, expression: str) -> dict[str, Any]:
+    """The test workflow, ``message.field_name`` carrying a custom protovalidate rule."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set())
+    [own] = [file for file in files.file if file.name == "jobs_test.proto"]
+    [found] = [m for m in own.message_type if m.name == message]
+    [target] = [f for f in found.field if f.name == field_name]
+    rules = validate_pb2.FieldRules()
+    rules.cel.add(id="walk", message="walked", expression=expression)
+    target.options.Extensions[validate_pb2.field].CopyFrom(rules)  # type: ignore[index]
+    workflow = copy.deepcopy(envelope(review=None))
+    workflow["schema"]["descriptorSetBase64"] = base64.b64encode(files.SerializeToString()).decode(
+        "ascii"
+    )
+    return workflow
+
+
+def test_an_input_too_large_for_its_types_rules_is_refused_before_they_run() -> None:
+    workflow = compile_definition(
+        _with_message_rule("Meta", "tags", "this.map(t, t + '!').size() >= 0"),
+        limits=RuleLimits(max_cost=10_000),
+    )
+    assert workflow.validate_input({"text": "a", "meta": {"tags": ["t"] * 40}})
+    started = time.perf_counter()
+    with pytest.raises(InputError) as refused:
+        workflow.validate_input({"text": "a", "meta": {"tags": ["t"] * 5_000}})
+    assert time.perf_counter() - started < 0.1
+    assert (
+        "the rules declared on jobs.test.Text were not evaluated: one of the schema's "
+        "CEL rules would walk lists of up to 10006 elements"
+    ) in str(refused.value)
+
+
+async def test_a_response_too_large_for_its_types_rules_fails_the_step_for_good() -> None:
+    workflow = compile_definition(
+        _with_message_rule("Tokens", "ids", "this.filter(i, i >= 0).size() >= 0"),
+        limits=RuleLimits(max_cost=100),
+    )
+    text = " ".join(f"w{index}" for index in range(12))
+    with pytest.raises(StepFailure) as caught:
+        await run_segment(
+            workflow,
+            workflow.validate_input({"text": text}),
+            [],
+            job_id="job-1",
+            attempt=1,
+            on_checkpoint=_ignore,
+            registry=make_registry(),
+        )
+    assert caught.value.kind is FailureKind.NON_RETRYABLE
+    assert caught.value.step_name == "tokenize"
+    assert "the rules declared on jobs.test.Tokens were not evaluated" in caught.value.message

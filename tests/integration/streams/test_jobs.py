@@ -238,12 +238,16 @@ async def test_a_completion_read_just_before_its_job_parks_on_the_step_is_judged
 
 async def test_a_completion_is_judged_off_the_event_loop(dsn: str) -> None:
     # Judging a response costs what its sender and the rules' author choose:
-    # the engine's filter copies its list as it grows, so this takes a second.
+    # the engine's filter copies its list as it grows, so this takes a second,
+    # in a deployment whose cost limit allows it (the default refuses it).
     workflow = with_a_step(answers="jobs.test.Embedding", external=True)
     workflow["steps"][-1]["validate"] = [
         "size(response.vector.filter(x, x >= 0.0)) == size(response.vector)"
     ]
-    async with serve({"DATABASE_URL": dsn}) as (client, runtime):
+    async with serve({"DATABASE_URL": dsn, "WFJOBS_RULE_MAX_COST": str(10**8)}) as (
+        client,
+        runtime,
+    ):
         job_id, claimed = await claimed_past_embed(client, runtime, {"workflow": workflow})
         runs = runtime.require_runs()
         await runs.park(claimed.lease, "answer")

@@ -31,6 +31,7 @@ from schemas.contract import (
     EventType,
     build_event,
     encode_event_within,
+    timestamp_json,
 )
 from schemas.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from store.control_sql import (
@@ -147,7 +148,7 @@ class ControlStore:
                         "CANCEL_REQUESTED",
                         job,
                         f"job {job_id} was already asked to cancel at "
-                        f"{job.cancel_requested_at.isoformat()}; its worker settles it",
+                        f"{timestamp_json(job.cancel_requested_at)}; its worker settles it",
                     )
                 rows = await (
                     await conn.execute(
@@ -481,7 +482,7 @@ def not_resumable(
         advice = "it completed; submit a new job to run the workflow again"
     elif cancel_requested_at is not None:
         advice = (
-            f"it was asked to cancel at {cancel_requested_at.isoformat()} and is CANCELLED "
+            f"it was asked to cancel at {timestamp_json(cancel_requested_at)} and is CANCELLED "
             "once its worker (or the sweeper) settles it: resume it then"
         )
     else:

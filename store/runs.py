@@ -50,6 +50,7 @@ from schemas.contract import (
     encode_event_within,
     parse_job_id,
     refuse_oversize,
+    timestamp_json,
 )
 from schemas.errors import EventTooLarge, InvalidArgument, LeaseLost, NotFound
 from schemas.event_wire import accepted_bytes, completed_bytes, step_checkpoint_bytes
@@ -930,7 +931,7 @@ class RunStore:
             ).fetchall():
                 where = f" while parked on step {step!r}" if status == Status.WAITING else ""
                 error = self._event_text(
-                    f"the job's deadline passed at {deadline_at.isoformat()} while it was "
+                    f"the job's deadline passed at {timestamp_json(deadline_at)} while it was "
                     f"{status}{where} (attempt {attempt})"
                 )
                 event = build_event(
@@ -989,7 +990,7 @@ class RunStore:
                         continue
                 error = self._event_text(
                     f"step {step!r} was not completed before its timeout passed at "
-                    f"{step_deadline_at.isoformat()}{not_taken}"
+                    f"{timestamp_json(step_deadline_at)}{not_taken}"
                 )
                 event = build_event(
                     job_id=job_id,

@@ -187,6 +187,8 @@ async def test_a_running_job_is_asked_of_its_worker_and_nothing_but_the_cancel_l
         status, again = await cancel(client, job_id, {"reason": "second thoughts"})
         assert (status, again["outcome"]) == (200, "CANCEL_REQUESTED")
         assert again["job"]["cancel_requested_at"] == body["job"]["cancel_requested_at"]
+        # The message writes the moment as the job's field does.
+        assert f"asked to cancel at {body['job']['cancel_requested_at']};" in again["message"]
 
         # The worker's renewal tells it; its checkpoint and settle no longer land.
         assert await runs.extend_lease(lease) is not None

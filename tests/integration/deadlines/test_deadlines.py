@@ -19,6 +19,7 @@ from schemas.contract import (
     StepCompletion,
     StepCompletionResult,
     decode_event,
+    timestamp_json,
 )
 from schemas.errors import LeaseLost
 from schemas.serde import MessageDecoder
@@ -124,6 +125,9 @@ async def test_a_job_deadline_fails_queued_running_and_waiting_jobs(app: App) ->
         job = await runs.get(job_id)
         assert job.status == "FAILED", job
         assert job.error is not None and "deadline passed" in job.error and was in job.error
+        assert job.deadline_at is not None
+        passed_at = timestamp_json(job.deadline_at)
+        assert f"deadline passed at {passed_at} while" in job.error, job.error
         failed = (await _events(runtime, job_id))[-1]
         assert _type(failed) == "FAILED" and failed.deadline == "job"
         assert failed.error == job.error
@@ -207,6 +211,9 @@ async def test_a_step_timeout_fails_the_job_naming_the_step(app: App) -> None:
     failed_job = await runs.get(job_id)
     assert failed_job.status == "FAILED"
     assert failed_job.error is not None and "step 'review'" in failed_job.error
+    # The moment is written as the job's own fields write one.
+    passed_at = timestamp_json(job.step_deadline_at)
+    assert f"before its timeout passed at {passed_at}" in failed_job.error, failed_job.error
     failed = (await _events(runtime, job_id))[-1]
     assert _type(failed) == "FAILED"
     assert (failed.deadline, failed.step_name) == ("step", "review")

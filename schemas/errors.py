@@ -100,6 +100,14 @@ class Unavailable(WorkflowJobsError):
     code = "UNAVAILABLE"
 
 
+class WorkerIdTaken(FailedPrecondition):
+    """Another live process runs under this process's worker id (``WFJOBS_WORKER_ID``).
+
+    Both would hold, renew and settle jobs as the same ``lease_owner``; the
+    process that finds the id taken must not run.
+    """
+
+
 class LeaseLost(WorkflowJobsError):
     """A fenced write found that this worker no longer holds the job's lease.
 

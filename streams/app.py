@@ -14,7 +14,8 @@ import with its name. Roles switch the parts on:
 Any combination runs alone: Faust starts no Kafka client of its own at boot.
 
 ``WFJOBS_WORKER_ID`` is required to start a worker process: it is written into
-``lease_owner``, so a row always tells which process holds it. Handler modules
+``lease_owner``, so a row always tells which process holds it, and a process
+refuses to start while another live one runs under the same id. Handler modules
 named in ``WFJOBS_HANDLERS`` are imported before anything starts.
 
 Postgres is the store, so Faust keeps no tables (``store='memory://'``) and
@@ -40,6 +41,7 @@ from typing import Any, NoReturn
 
 import faust
 
+from schemas.errors import WorkerIdTaken
 from streams.broker import BootWithoutKafka, connect_kafka
 from streams.completions_agent import register_completions_agent
 from streams.http_errors import HANDLER_ARGS
@@ -51,8 +53,8 @@ from streams.web import HttpVerbs, register_views
 
 
 class Worker(faust.Worker):
-    """Refuses to start without a worker id, before touching Kafka or Postgres,
-    and writes its log lines in ``WFJOBS_LOG_FORMAT``."""
+    """Refuses to start without a worker id, before touching Kafka, or under the
+    id of another live process, and writes its log lines in ``WFJOBS_LOG_FORMAT``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,7 +86,9 @@ class Worker(faust.Worker):
             try:
                 runtime.settings.require_worker_id()
                 runtime.load_handlers()
-            except (SettingsError, ImportError) as exc:
+                # On the loop the worker runs on, which keeps the id's session.
+                self.loop.run_until_complete(runtime.take_worker_id())
+            except (SettingsError, ImportError, WorkerIdTaken) as exc:
                 print(f"workflow-jobs: refusing to start: {exc}", file=sys.stderr)
                 raise SystemExit(2) from None
             # The handler modules live as long as the process, like the service's own.

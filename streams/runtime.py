@@ -4,7 +4,9 @@
 connection pool (applying migrations first only when ``WFJOBS_AUTO_MIGRATE``
 is on), builds the stores, and starts whichever loops the process's roles ask
 for: the claim loops, the sweeper and retention for ``worker``, the outbox relay for
-``relay``, and one LISTEN connection that wakes whichever of them run here.
+``relay``, and one LISTEN connection that wakes whichever of them run here. A
+process that leases (``worker`` or ``relay``) first takes its worker id
+(``streams.identity``), and refuses to run while another live process has it.
 Every loop is a mode service and a child of this one: started in ``on_start``
 once the pool is open, stopped in the reverse order (the claim loops first, so
 a running segment can still checkpoint while it finishes), and the pool is
@@ -44,6 +46,7 @@ from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
 from store.control import ControlStore
 from store.dead_letters import OutboxDeadLetters
 from store.definitions import DefinitionStore
+from store.errors import is_outage
 from store.fleet import FleetStore
 from store.job_feed import JobFeed
 from store.migrate import migrate
@@ -55,12 +58,14 @@ from store.retention import RetentionStore
 from store.run_sql import CLAIM_SESSION
 from store.runs import RunStore
 from store.tokens import TokenStore
+from store.worker_ids import WorkerIdLock
 from streams import logs
 from streams.admission import Admission
 from streams.claims import ClaimLoops
 from streams.fleet import FleetOverview
 from streams.fleet_metrics import FleetGauges
 from streams.health import HealthReport, HealthSource, PartHealth, report
+from streams.identity import WorkerIdentity
 from streams.listener import Listener
 from streams.loop_lag import LoopLagProbe
 from streams.metrics import (
@@ -148,6 +153,16 @@ class Runtime(mode.Service):
         self.outbox: Outbox | None = None
         self.dead_letters: OutboxDeadLetters | None = None
         self.control: ControlStore | None = None
+        # The id written into lease_owner (the jobs' and the relay's) is this
+        # process's alone, before anything leases under it.
+        self._worker_id_lock = (
+            WorkerIdLock(settings.database_url, settings.worker_id)
+            if settings.store_configured
+            and settings.worker_id
+            and settings.roles & {"worker", "relay"}
+            else None
+        )
+        self.identity: WorkerIdentity | None = None
         self.listener: Listener | None = None
         self.claims: ClaimLoops | None = None
         self.sweeper: Sweeper | None = None
@@ -178,6 +193,21 @@ class Runtime(mode.Service):
         if self.settings.handler_modules:
             modules = load_handler_modules(self.settings.handler_modules, self.registry)
             log.info("handler modules loaded: %s", ", ".join(m.__name__ for m in modules))
+
+    async def take_worker_id(self) -> None:
+        """Take this process's worker id before it starts, if it leases under one.
+
+        ``WorkerIdTaken`` when another live process has it. A store that does
+        not answer yet is no refusal: the id is taken (and a clash reported)
+        once it does, before any loop leases.
+        """
+        if self._worker_id_lock is None:
+            return
+        try:
+            await self._worker_id_lock.hold()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
 
     async def on_start(self) -> None:
         settings = self.settings
@@ -254,6 +284,10 @@ class Runtime(mode.Service):
         if metrics is not None:
             fleet = FleetGauges(fleet_store.read, cache_s=settings.metrics_db_cache_s)
             metrics.add_collector(fleet, fleet.refresh)
+        if self._worker_id_lock is not None:
+            self.identity = WorkerIdentity(
+                self._worker_id_lock, check_s=settings.effective_heartbeat_s
+            )
         # One LISTEN connection serves every loop of this process.
         channels = [JOBS_QUEUED_CHANNEL] if "worker" in settings.roles else []
         if "relay" in settings.roles:
@@ -326,8 +360,9 @@ class Runtime(mode.Service):
                 timings=metrics.relay_timings() if metrics is not None else None,
             )
         # Children stop in the reverse of this order: the claim loops first,
-        # the LISTEN connection last. The pool outlives them all (on_shutdown).
+        # the worker id last. The pool outlives them all (on_shutdown).
         loops: tuple[mode.Service | None, ...] = (
+            self.identity,
             self.listener,
             self.watch,
             self.progress,

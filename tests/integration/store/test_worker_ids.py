@@ -1,0 +1,57 @@
+"""One live holder per worker id, on a real database."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import psycopg
+import pytest
+
+from schemas.errors import WorkerIdTaken
+from store.worker_ids import WorkerIdLock
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_second_holder_of_an_id_is_refused_naming_the_first(dsn: str) -> None:
+    first, second = WorkerIdLock(dsn, "w1"), WorkerIdLock(dsn, "w1")
+    other = WorkerIdLock(dsn, "w2")
+    try:
+        await first.hold()
+        await first.hold()  # holding on to it is no second take
+        await other.hold()
+        with pytest.raises(WorkerIdTaken) as refused:
+            await second.hold()
+        message = refused.value.message
+        assert message.startswith("WFJOBS_WORKER_ID 'w1' is in use by the live process ")
+        assert f"pid {os.getpid()} on {socket.gethostname()}" in message
+        assert not second.held
+
+        # Released, the id is free at once.
+        await first.release()
+        await second.hold()
+    finally:
+        for lock in (first, second, other):
+            await lock.release()
+
+
+async def test_an_id_whose_session_was_ended_is_taken_again(dsn: str) -> None:
+    first, second = WorkerIdLock(dsn, "w1"), WorkerIdLock(dsn, "w1")
+    try:
+        await first.hold()
+        # The server ends the holder's session, as it does for a killed process.
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'workflow-jobs id: %%'"
+            )
+        await second.hold()
+        # The first finds its session gone, and the id someone else's.
+        with pytest.raises(psycopg.OperationalError):
+            await first.hold()
+        with pytest.raises(WorkerIdTaken):
+            await first.hold()
+    finally:
+        await first.release()
+        await second.release()

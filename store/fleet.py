@@ -1,10 +1,11 @@
 """The fleet in numbers: jobs by status, the backlog's age, the outbox, the workers.
 
 What ``/metrics`` exports and the dashboard's first page shows, in one
-statement (and one more for the workers holding jobs). Each part rides an
-index: the status count the ``(status, created_at, job_id)`` index (or, for
-one owner, the owner's), the oldest claimable job the claim's partial index in
-claim order, PENDING and FAILED outbox rows their partial indexes. The status
+statement (and one more for the workers holding jobs, and whether they live).
+Each part rides an index: the status count the ``(status, created_at,
+job_id)`` index (or, for one owner, the owner's), the oldest claimable job the
+claim's partial index in claim order, PENDING and FAILED outbox rows their
+partial indexes. The status
 count still visits every row the table holds (terminal jobs until retention
 deletes them), which is why callers cache the answer rather than ask per
 request. Ages are on the database's clock, like everything else that compares
@@ -22,6 +23,7 @@ from typing import Any
 from store.outbox import OLDEST_WAITING_CREATED_SQL
 from store.pool import Pool
 from store.states import STATUSES, Status
+from store.worker_ids import held_by_a_session
 
 # Jobs per status, and how many of them reached it in the last five minutes
 # (their throughput): when a job last changed is when it reached its status,
@@ -62,13 +64,15 @@ SELECT
     now()
 """
 
-# The workers holding jobs now, from the sweeper's index of RUNNING rows.
-FLEET_WORKERS_SQL = """
-SELECT lease_owner, count(*), min(lease_until), max(lease_until)
-  FROM workflow_run
- WHERE status = 'RUNNING'
- GROUP BY lease_owner
- ORDER BY lease_owner
+# The workers holding jobs now, from the sweeper's index of RUNNING rows, and
+# whether each is alive: a live worker's process holds its id's lock.
+FLEET_WORKERS_SQL = f"""
+SELECT r.lease_owner, count(*), min(r.lease_until), max(r.lease_until),
+       EXISTS (SELECT FROM pg_locks AS l WHERE {held_by_a_session("r.lease_owner")})
+  FROM workflow_run AS r
+ WHERE r.status = 'RUNNING'
+ GROUP BY r.lease_owner
+ ORDER BY r.lease_owner
 """
 
 
@@ -101,6 +105,9 @@ class WorkerLeases:
     # The soonest and latest lease expiries among its jobs.
     first_lease_until: datetime
     last_lease_until: datetime
+    # Whether its process is alive (holds its worker id): a killed worker's
+    # jobs stay its own until their leases pass, and only this tells.
+    live: bool
 
 
 class FleetStore:
@@ -144,7 +151,10 @@ class FleetStore:
             self._pool.connection(timeout=self._timeout_s) as conn,
         ):
             rows = await (await conn.execute(FLEET_WORKERS_SQL)).fetchall()
-        return [WorkerLeases(str(w), int(n), first, last) for w, n, first, last in rows]
+        return [
+            WorkerLeases(str(w), int(n), first, last, bool(live))
+            for w, n, first, last, live in rows
+        ]
 
 
 def _counts(by_status: Mapping[str, Any]) -> dict[str, int]:

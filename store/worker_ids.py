@@ -10,8 +10,10 @@ connection's ``application_name``).
 
 The lock lives and dies with its session: a process that is killed (even by
 SIGKILL) frees its id as soon as the server sees the connection close, so a
-restart under the same id is not held up. Advisory locks belong to one
-database, so fleets on other databases of the server never meet.
+restart under the same id is not held up, and the fleet view reads the same
+locks to tell a worker that is alive from one whose jobs only wait for their
+leases to pass. Advisory locks belong to one database, so fleets on other
+databases of the server never meet.
 """
 
 from __future__ import annotations

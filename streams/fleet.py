@@ -66,6 +66,7 @@ class FleetOverview:
                     "running": held.running,
                     "first_lease_until": timestamp_json(held.first_lease_until),
                     "last_lease_until": timestamp_json(held.last_lease_until),
+                    "live": held.live,
                 }
                 for held in await self._fleet.workers()
             ]

@@ -257,6 +257,11 @@ _FLEET: Mapping[str, Any] = {
                     "running": {"type": "integer"},
                     "first_lease_until": {"type": "string", "format": "date-time"},
                     "last_lease_until": {"type": "string", "format": "date-time"},
+                    "live": {
+                        "type": "boolean",
+                        "description": "its process is alive (holds its worker id); false "
+                        "for one that died, whose jobs wait for their leases to pass",
+                    },
                 },
             },
         },

@@ -303,12 +303,20 @@ function renderFleet(fleet) {
           : h(
               "table",
               {},
-              h("thead", {}, h("tr", {}, h("th", {}, "Worker"), h("th", {}, "Running"), h("th", {}, "Next lease ends"))),
+              h("thead", {}, h("tr", {}, h("th", {}, "Worker"), h("th", {}, "Running"), h("th", {}, "Next lease ends"), h("th", {}, "Process"))),
               h(
                 "tbody",
                 {},
                 fleet.workers.map((w) =>
-                  h("tr", {}, h("td", { class: "mono" }, w.worker), h("td", {}, String(w.running)), h("td", {}, when(w.first_lease_until))),
+                  h(
+                    "tr",
+                    {},
+                    h("td", { class: "mono" }, w.worker),
+                    h("td", {}, String(w.running)),
+                    h("td", {}, when(w.first_lease_until)),
+                    // A killed worker's jobs stay its own until their leases pass.
+                    h("td", { class: w.live ? "" : "error" }, w.live ? "live" : "gone"),
+                  ),
                 ),
               ),
             ),

@@ -1,4 +1,4 @@
-"""One live process per worker id.
+"""One live process per worker id, and a fleet view that tells a live worker from a dead one.
 
 A worker id is the ``lease_owner`` of every job the process holds: two live
 processes under one id would renew, settle and sweep each other's jobs. The
@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from typing import Any
 
+import httpx
 import pytest
 
 from devstack.processes import ServiceError
 from devstack.stack import WorkerProcess
 from tests.e2e.harness import REPO_ROOT, Stack, wait_until
+from tests.workflows_fixtures import EMBED, envelope
 
 pytestmark = pytest.mark.e2e
 
@@ -60,3 +63,45 @@ async def test_a_restart_under_the_id_of_a_killed_process_starts_at_once(stack: 
     again = await stack.start_worker("w1", WFJOBS_DATA_DIR=str(stack.tmp / "faust-w1-again"))
     assert again.healthy(), again.log_tail()
     assert again.stop() == 0, again.log_tail()
+
+
+async def _fleet_workers(stack: Stack, api: WorkerProcess) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=10, headers=stack.headers) as http:
+        answer = await http.get("/v1/fleet")
+    assert answer.status_code == 200, answer.text
+    workers: list[dict[str, Any]] = answer.json()["workers"]
+    return workers
+
+
+async def test_the_fleet_view_tells_a_killed_worker_from_a_live_one(stack: Stack) -> None:
+    # The lease outlasts the test: only the worker's death can tell.
+    slow = {"WFJOBS_LEASE_S": "120", "WFJOBS_E2E_SLOW_METHOD": EMBED, "WFJOBS_E2E_SLOW_S": "120"}
+    worker = await stack.start_worker("w1", **slow)
+    api = await stack.start_worker("api", WFJOBS_ROLES="api")
+    workflow = envelope(name="e2e-fleet-live", review="invoke")
+    await stack.put_workflow(api, workflow)
+    job_id = stack.produce_request(workflow["name"], {"text": "held by a worker"})
+    stack.flush()
+
+    async def embedding() -> bool | None:
+        return True if stack.calls_for(job_id, EMBED) else None
+
+    await wait_until(embedding, timeout_s=30)
+    (held,) = await _fleet_workers(stack, api)
+    assert (held["worker"], held["running"], held["live"]) == ("w1", 1, True), held
+
+    worker.kill()
+
+    async def dead() -> dict[str, Any] | None:
+        (held,) = await _fleet_workers(stack, api)
+        return held if held["live"] is False else None
+
+    try:
+        held = await wait_until(dead, timeout_s=15, interval_s=0.5)
+    except TimeoutError:
+        raise AssertionError(
+            f"a killed worker is still shown live: {await _fleet_workers(stack, api)}"
+        ) from None
+    # Its job waits for its lease as before; the view only says nobody renews it.
+    assert (held["worker"], held["running"]) == ("w1", 1), held
+    assert api.stop() == 0, api.log_tail()

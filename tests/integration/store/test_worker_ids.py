@@ -1,7 +1,8 @@
-"""One live holder per worker id, on a real database."""
+"""One live holder per worker id, on a real database; the fleet view reads the same locks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -9,7 +10,11 @@ import psycopg
 import pytest
 
 from schemas.errors import WorkerIdTaken
+from store.fleet import FleetStore
+from store.pool import Pool
+from store.runs import RunStore
 from store.worker_ids import WorkerIdLock
+from tests.integration.store.helpers import submit
 
 pytestmark = pytest.mark.asyncio
 
@@ -55,3 +60,28 @@ async def test_an_id_whose_session_was_ended_is_taken_again(dsn: str) -> None:
     finally:
         await first.release()
         await second.release()
+
+
+async def test_the_fleet_view_says_which_workers_holding_jobs_live(
+    dsn: str, pool: Pool, store: RunStore
+) -> None:
+    for _ in range(2):
+        await submit(store)
+    assert await store.claim("alive") is not None
+    assert await store.claim("gone") is not None
+    lock = WorkerIdLock(dsn, "alive")
+    try:
+        await lock.hold()
+        workers = await FleetStore(pool).workers()
+        assert [(w.worker, w.running, w.live) for w in workers] == [
+            ("alive", 1, True),
+            ("gone", 1, False),
+        ]
+    finally:
+        await lock.release()
+    # The server ends the session a moment after the client closed it.
+    for _ in range(50):
+        if not any(w.live for w in await FleetStore(pool).workers()):
+            break
+        await asyncio.sleep(0.1)
+    assert [w.live for w in await FleetStore(pool).workers()] == [False, False]

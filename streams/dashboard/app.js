@@ -130,6 +130,11 @@ async function api(method, path, body) {
   return response.status === 204 ? {} : response.json();
 }
 
+// Worth asking again: the server or the network failed, not the request.
+function transient(error) {
+  return !(error instanceof ApiError) || error.status >= 500 || error.status === 429;
+}
+
 // Server-Sent Events over fetch (EventSource cannot send the token), resumed
 // after the last event id when the stream is cut.
 async function watch(path, onMessage, signal) {
@@ -171,7 +176,7 @@ async function watch(path, onMessage, signal) {
       }
     } catch (error) {
       if (signal.aborted) return;
-      if (error instanceof ApiError && error.status < 500 && error.status !== 429) throw error;
+      if (!transient(error)) throw error;
     }
     await new Promise((resolve) => setTimeout(resolve, pause));
     pause = Math.min(pause * 2, 5000);
@@ -512,7 +517,7 @@ async function jobPage(jobId) {
       if (controller.signal.aborted) return;
       renderJob(answer.job, { header, summary, checkpoints, attempts, progress });
       renderExplain(why, explain);
-      await renderActions(answer.job, actions, refresh);
+      renderActions(answer.job, actions, refresh);
       shown = true;
       notice("");
     } catch (error) {
@@ -675,7 +680,7 @@ function renderExplain(why, section) {
   section.replaceChildren(...parts);
 }
 
-async function renderActions(job, section, refresh) {
+function renderActions(job, section, refresh) {
   // Drawn again only when what can be done changes: a refresh (every event
   // brings one) must not wipe a form someone is filling in, or its focus.
   const signature = [job.status, job.outstanding_step, job.cancel_requested_at, job.resumed_by].join("|");
@@ -716,7 +721,7 @@ async function renderActions(job, section, refresh) {
   }
   const children = [h("h2", {}, "Actions")];
   if (job.status === "WAITING" && job.outstanding_step) {
-    children.push(await completeForm(job, refresh, result));
+    children.push(completeForm(job, refresh, result));
   }
   children.push(buttons.length ? h("div", { class: "actions" }, buttons) : null);
   if (job.cancel_requested_at && !TERMINAL.has(job.status)) {
@@ -728,14 +733,40 @@ async function renderActions(job, section, refresh) {
   section.replaceChildren(...children.filter(Boolean));
 }
 
-async function completeForm(job, refresh, result) {
+// The parked step's form, loaded into its place; a load the server or the
+// network failed is tried again, with backoff and on demand, while the place
+// is on the page: no event may come to redraw it while the job stays parked.
+function completeForm(job, refresh, result) {
+  const place = h("div", { id: "complete-place" }, h("p", { class: "muted" }, "Loading the step's form…"));
+  let pause = 1000;
+  let timer = 0;
+  const load = async () => {
+    clearTimeout(timer);
+    let form;
+    try {
+      form = await api("GET", `${jobPath(job.job_id)}/steps/${encodeURIComponent(job.outstanding_step)}:form`);
+    } catch (error) {
+      if (!place.isConnected) return;
+      const again = transient(error);
+      place.replaceChildren(
+        h("p", { class: "error", id: "complete-form-error" }, error.message, again ? " · trying again" : ""),
+        again
+          ? h("button", { type: "button", id: "complete-form-retry", onclick: (event) => { event.target.disabled = true; load(); } }, "Try again now")
+          : null,
+      );
+      if (again) timer = setTimeout(() => place.isConnected && load(), pause);
+      pause = Math.min(pause * 2, 10000);
+      return;
+    }
+    if (place.isConnected) place.replaceChildren(stepForm(job, form, refresh, result));
+  };
+  // Once the place is on the page: the caller adds it right after this returns.
+  setTimeout(load, 0);
+  return place;
+}
+
+function stepForm(job, form, refresh, result) {
   const step = job.outstanding_step;
-  let form;
-  try {
-    form = await api("GET", `${jobPath(job.job_id)}/steps/${encodeURIComponent(step)}:form`);
-  } catch (error) {
-    return h("p", { class: "error" }, error.message);
-  }
   const inputs = form.fields.map((field) => {
     const name = `field-${field.name}`;
     if (field.kind === "boolean") {

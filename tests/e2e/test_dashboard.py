@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from google.protobuf import descriptor_pb2, struct_pb2
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
+from playwright.async_api import Browser, ConsoleMessage, Page, Route, async_playwright
 
 from tests.browser import artifacts_dir, chromium_executable
 from tests.e2e.harness import Stack
@@ -342,3 +342,38 @@ async def test_a_link_to_a_job_that_does_not_exist_says_no_such_job(
     # No watch was started for it, so none reports that it stopped.
     await asyncio.sleep(1)
     assert "live updates" not in await page.inner_text("body")
+
+
+async def test_a_step_form_that_failed_to_load_is_shown_once_it_loads(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    job_id = await _submit(stack, url, {"text": "review after a hiccup"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    # The worker answers the first two asks for the form with a 503, then recovers.
+    failures = {"left": 2}
+
+    async def flaky(route: Route) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            await route.fulfill(
+                status=503,
+                content_type="application/json",
+                body='{"code": "UNAVAILABLE", "message": "the store is unreachable"}',
+            )
+        else:
+            await route.continue_()
+
+    await page.route("**/steps/*:form", flaky)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.locator("#job-actions", has_text="the store is unreachable").wait_for(
+        timeout=TIMEOUT_MS
+    )
+    # The job stays parked and nothing else happens to it: no event brings a refresh.
+    await page.wait_for_selector("#complete-form", timeout=15_000)
+    assert failures["left"] == 0
+    assert "unreachable" not in await page.inner_text("#job-actions")

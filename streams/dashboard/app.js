@@ -117,6 +117,11 @@ async function failure(response) {
   return new ApiError(response.status, code, message);
 }
 
+// A link to a job's page, wherever the page names a job.
+function jobLink(jobId) {
+  return h("a", { href: `#/jobs/${encodeURIComponent(jobId)}` }, jobId);
+}
+
 // A job's API path: the id is text from the page's URL, never a path of its own.
 function jobPath(jobId) {
   return `/v1/workflow-runs/${encodeURIComponent(jobId)}`;
@@ -383,7 +388,7 @@ async function jobsPage(params) {
                 h(
                   "tr",
                   { "data-job": job.job_id },
-                  h("td", { class: "mono" }, h("a", { href: `#/jobs/${job.job_id}` }, job.job_id)),
+                  h("td", { class: "mono" }, jobLink(job.job_id)),
                   h("td", {}, job.workflow_name),
                   h("td", {}, badge(job.status)),
                   h("td", {}, `${job.attempt ?? 0} / ${job.max_attempts ?? "?"}`),
@@ -588,8 +593,10 @@ function eventDetail(event) {
   if (event.error && event.error !== event.verdict) parts.push(event.error);
   if (event.reason) parts.push(event.reason);
   if (event.next_run_at) parts.push(`next run ${new Date(event.next_run_at).toLocaleTimeString()}`);
-  if (event.resumed_by) parts.push(`resumed by ${event.resumed_by}`);
-  return parts.join(" · ");
+  if (event.resumed_from) parts.push(["resumes ", jobLink(event.resumed_from)]);
+  if (event.resumed_by) parts.push(["resumed by ", jobLink(event.resumed_by)]);
+  // Text and links, a dot between parts.
+  return parts.flatMap((part, i) => (i ? [" · "] : []).concat(part));
 }
 
 function showProgress(section, report) {
@@ -621,8 +628,8 @@ function renderJob(job, parts) {
   if (job.verdict) rows.push(["Verdict", job.verdict]);
   if (job.error) rows.push(["Error", h("span", { class: "error" }, job.error)]);
   if (job.deadline) rows.push(["Deadline", when(job.deadline)]);
-  if (job.resumed_from) rows.push(["Resumes", h("a", { href: `#/jobs/${job.resumed_from}` }, job.resumed_from)]);
-  if (job.resumed_by) rows.push(["Resumed by", h("a", { href: `#/jobs/${job.resumed_by}` }, job.resumed_by)]);
+  if (job.resumed_from) rows.push(["Resumes", jobLink(job.resumed_from)]);
+  if (job.resumed_by) rows.push(["Resumed by", jobLink(job.resumed_by)]);
   parts.summary.replaceChildren(h("dl", { class: "kv" }, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
   if (TERMINAL.has(job.status)) parts.progress.hidden = true;
   const checkpoints = job.checkpoints || [];

@@ -377,3 +377,33 @@ async def test_a_step_form_that_failed_to_load_is_shown_once_it_loads(
     await page.wait_for_selector("#complete-form", timeout=15_000)
     assert failures["left"] == 0
     assert "unreachable" not in await page.inner_text("#job-actions")
+
+
+async def _cancel_and_resume(stack: Stack, url: str, job_id: str) -> str:
+    """The parked job ``job_id`` cancelled, then resumed through the API; the run's id."""
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
+        cancelled = await http.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
+        assert cancelled.status_code == 200, cancelled.text
+        resumed = await http.post(f"/v1/workflow-runs/{job_id}:resume", json={})
+    assert resumed.status_code == 201, resumed.text
+    return str(resumed.json()["job"]["job_id"])
+
+
+async def test_the_resume_events_link_the_other_job(stack: Stack, browser: Browser) -> None:
+    url = await _worker_url(stack)
+    job_id = await _submit(stack, url, {"text": "resume me"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    run_id = await _cancel_and_resume(stack, url, job_id)
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    resumed = page.locator("#timeline [data-event=TYPE_RESUMED]")
+    await resumed.wait_for(timeout=TIMEOUT_MS)
+    await resumed.locator(f"a[href='#/jobs/{run_id}']").click()
+    # The run's page, whose ACCEPTED links back to the job it resumes.
+    await page.locator("#job-title .mono", has_text=run_id).wait_for(timeout=TIMEOUT_MS)
+    accepted = page.locator("#timeline [data-event=TYPE_ACCEPTED]")
+    await accepted.wait_for(timeout=TIMEOUT_MS)
+    assert await accepted.locator(f"a[href='#/jobs/{job_id}']").count() == 1

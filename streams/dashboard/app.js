@@ -522,7 +522,7 @@ async function jobPage(jobId) {
       if (controller.signal.aborted) return;
       renderJob(answer.job, { header, summary, checkpoints, attempts, progress });
       renderExplain(why, explain);
-      renderActions(answer.job, actions, refresh);
+      renderActions(answer.job, why, actions, refresh);
       shown = true;
       notice("");
     } catch (error) {
@@ -687,20 +687,20 @@ function renderExplain(why, section) {
   section.replaceChildren(...parts);
 }
 
-function renderActions(job, section, refresh) {
+function renderActions(job, why, section, refresh) {
   // Drawn again only when what can be done changes: a refresh (every event
   // brings one) must not wipe a form someone is filling in, or its focus.
   const signature = [job.status, job.outstanding_step, job.cancel_requested_at, job.resumed_by].join("|");
   if (section.dataset.signature === signature) return;
   section.dataset.signature = signature;
   const result = h("p", { class: "muted", id: "action-result" });
-  const run = (label, method, path, body, style) =>
+  const run = (name, label, method, path, body, style) =>
     h(
       "button",
       {
         class: style,
         type: "button",
-        id: `action-${label.toLowerCase()}`,
+        id: `action-${name}`,
         onclick: async (event) => {
           event.target.disabled = true;
           try {
@@ -721,10 +721,17 @@ function renderActions(job, section, refresh) {
     );
   const buttons = [];
   if (!TERMINAL.has(job.status) && !job.cancel_requested_at) {
-    buttons.push(run("Cancel", "POST", `${jobPath(job.job_id)}:cancel`, { reason: "cancelled from the dashboard" }, "danger"));
+    buttons.push(run("cancel", "Cancel", "POST", `${jobPath(job.job_id)}:cancel`, { reason: "cancelled from the dashboard" }, "danger"));
   }
   if (["FAILED", "DEAD", "CANCELLED"].includes(job.status) && !job.resumed_by) {
-    buttons.push(run("Resume", "POST", `${jobPath(job.job_id)}:resume`, {}, ""));
+    // A job refused at submit has no snapshot of its own to run again (a
+    // resume with it answers 409): explain then offers only the resume with
+    // the workflow's current definition.
+    const current = `wfjobs resume ${job.job_id} --current-definition`;
+    if (!(why.actions || []).some((action) => action.command === current)) {
+      buttons.push(run("resume", "Resume", "POST", `${jobPath(job.job_id)}:resume`, {}, ""));
+    }
+    buttons.push(run("resume-current", "Resume with the current definition", "POST", `${jobPath(job.job_id)}:resume`, { use_current_definition: true }, ""));
   }
   const children = [h("h2", {}, "Actions")];
   if (job.status === "WAITING" && job.outstanding_step) {

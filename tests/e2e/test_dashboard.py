@@ -407,3 +407,51 @@ async def test_the_resume_events_link_the_other_job(stack: Stack, browser: Brows
     accepted = page.locator("#timeline [data-event=TYPE_ACCEPTED]")
     await accepted.wait_for(timeout=TIMEOUT_MS)
     assert await accepted.locator(f"a[href='#/jobs/{job_id}']").count() == 1
+
+
+async def test_a_job_refused_at_submit_is_resumed_with_the_current_definition(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    # A request naming a workflow nobody has stored yet: recorded FAILED, no snapshot.
+    job_id = str(stack.produce_request("later-review", {"text": "stored too late"}))
+    stack.flush()
+    await stack.wait_for_job(job_id, ["FAILED"])
+    later = load_workflow()
+    later["name"] = "later-review"
+    await stack.put_workflow(stack.workers[-1], later)
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    current = page.locator("#action-resume-current")
+    await current.wait_for(timeout=TIMEOUT_MS)
+    # Its own snapshot, which it lacks, cannot run it: that resume answers 409.
+    assert await page.locator("#action-resume").count() == 0
+    await current.click()
+    resumes = page.locator(f"#job-summary a[href='#/jobs/{job_id}']")
+    await resumes.wait_for(timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
+    run_id = (await page.inner_text("#job-title .mono")).strip()
+    assert run_id != job_id
+    assert (await stack.job(job_id)).resumed_by == uuid.UUID(run_id)
+
+
+async def test_an_ended_job_offers_both_resumes(stack: Stack, browser: Browser) -> None:
+    url = await _worker_url(stack)
+    job_id = await _submit(stack, url, {"text": "cancel, then resume"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
+        cancelled = await http.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
+    assert cancelled.status_code == 200, cancelled.text
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
+    await page.click("#action-resume-current")
+    await page.locator(f"#job-summary a[href='#/jobs/{job_id}']").wait_for(timeout=TIMEOUT_MS)
+    run_id = (await page.inner_text("#job-title .mono")).strip()
+    assert (await stack.job(run_id)).resumed_from == uuid.UUID(job_id)

@@ -140,6 +140,17 @@ function transient(error) {
   return !(error instanceof ApiError) || error.status >= 500 || error.status === 429;
 }
 
+// Whether a workflow has a stored definition. When that cannot be told, the
+// answer is yes: what needs one is offered, and the API judges it.
+async function stored(workflowName) {
+  try {
+    const response = await fetch(`/v1/workflows/${encodeURIComponent(workflowName)}`, { method: "HEAD", headers: headers() });
+    return response.status !== 404;
+  } catch (_) {
+    return true;
+  }
+}
+
 // Server-Sent Events over fetch (EventSource cannot send the token), resumed
 // after the last event id when the stream is cut.
 async function watch(path, onMessage, signal) {
@@ -522,7 +533,7 @@ async function jobPage(jobId) {
       if (controller.signal.aborted) return;
       renderJob(answer.job, { header, summary, checkpoints, attempts, progress });
       renderExplain(why, explain);
-      renderActions(answer.job, why, actions, refresh);
+      await renderActions(answer.job, why, actions, refresh);
       shown = true;
       notice("");
     } catch (error) {
@@ -687,7 +698,7 @@ function renderExplain(why, section) {
   section.replaceChildren(...parts);
 }
 
-function renderActions(job, why, section, refresh) {
+async function renderActions(job, why, section, refresh) {
   // Drawn again only when what can be done changes: a refresh (every event
   // brings one) must not wipe a form someone is filling in, or its focus.
   const signature = [job.status, job.outstanding_step, job.cancel_requested_at, job.resumed_by].join("|");
@@ -731,7 +742,9 @@ function renderActions(job, why, section, refresh) {
     if (!(why.actions || []).some((action) => action.command === current)) {
       buttons.push(run("resume", "Resume", "POST", `${jobPath(job.job_id)}:resume`, {}, ""));
     }
-    buttons.push(run("resume-current", "Resume with the current definition", "POST", `${jobPath(job.job_id)}:resume`, { use_current_definition: true }, ""));
+    if (await stored(job.workflow_name)) {
+      buttons.push(run("resume-current", "Resume with the current definition", "POST", `${jobPath(job.job_id)}:resume`, { use_current_definition: true }, ""));
+    }
   }
   const children = [h("h2", {}, "Actions")];
   if (job.status === "WAITING" && job.outstanding_step) {

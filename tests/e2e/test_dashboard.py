@@ -455,3 +455,28 @@ async def test_an_ended_job_offers_both_resumes(stack: Stack, browser: Browser) 
     await page.locator(f"#job-summary a[href='#/jobs/{job_id}']").wait_for(timeout=TIMEOUT_MS)
     run_id = (await page.inner_text("#job-title .mono")).strip()
     assert (await stack.job(run_id)).resumed_from == uuid.UUID(job_id)
+
+
+async def test_a_job_of_a_workflow_never_stored_is_not_offered_its_current_definition(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    inline = load_workflow()
+    inline["name"] = "inline-review"
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
+        submitted = await http.post(
+            "/v1/workflow-runs", json={"workflow": inline, "input": {"text": "inline"}}
+        )
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["job"]["job_id"]
+        await stack.wait_for_job(job_id, ["WAITING"])
+        cancelled = await http.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
+        assert cancelled.status_code == 200, cancelled.text
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
+    # No stored definition to take: that resume would only answer 409.
+    assert await page.locator("#action-resume-current").count() == 0

@@ -704,7 +704,9 @@ async function renderActions(job, why, section, refresh) {
   const signature = [job.status, job.outstanding_step, job.cancel_requested_at, job.resumed_by].join("|");
   if (section.dataset.signature === signature) return;
   section.dataset.signature = signature;
-  const result = h("p", { class: "muted", id: "action-result" });
+  // Kept across redraws: an action's own answer (a REJECTED verdict, a 409)
+  // changes what can be done, and must still be readable after it.
+  const result = section.querySelector("#action-result") || h("p", { class: "muted", id: "action-result" });
   const run = (name, label, method, path, body, style) =>
     h(
       "button",

@@ -480,3 +480,24 @@ async def test_a_job_of_a_workflow_never_stored_is_not_offered_its_current_defin
     await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
     # No stored definition to take: that resume would only answer 409.
     assert await page.locator("#action-resume-current").count() == 0
+
+
+async def test_a_rejected_answer_says_why_after_the_job_fails(
+    stack: Stack, browser: Browser
+) -> None:
+    url = await _worker_url(stack)
+    job_id = await _submit(stack, url, {"text": "reject me"})
+    await stack.wait_for_job(job_id, ["WAITING"])
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, stack.token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
+    await page.wait_for_selector("#complete-form", timeout=TIMEOUT_MS)
+    # Neither approved nor a note: the step's validate rule refuses it.
+    await page.click("#complete-submit")
+    await page.wait_for_selector("#job-title [data-status=FAILED]", timeout=TIMEOUT_MS)
+    await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
+    # The answer's outcome outlives the redraw of the actions the failure brings.
+    outcome = page.locator("#action-result", has_text="REJECTED")
+    await outcome.wait_for(timeout=5_000)

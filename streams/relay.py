@@ -280,6 +280,7 @@ class OutboxRelay(mode.Service):
         tracing: Tracing | None = None,
         timings: RelayTimings | None = None,
         create_topic: TopicShape | None = None,
+        registry_url: str = "",
         **kwargs: Any,
     ) -> None:
         """``explain(error, servers)`` names the settings behind a producer error that
@@ -287,7 +288,9 @@ class OutboxRelay(mode.Service):
         ``tracing``: a span per event, its context in the event's headers (None: none);
         ``timings``: the publish histogram (``None``, metrics off: nothing is timed);
         ``create_topic``: the topic is made with this shape before the first
-        publish when missing (``WFJOBS_CREATE_TOPICS``; None: it is provisioned)."""
+        publish when missing (``WFJOBS_CREATE_TOPICS``; None: it is provisioned);
+        ``registry_url``: the serializer's registry as its faults may name it
+        (no credentials)."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
         if linger_s < 0:
@@ -298,6 +301,7 @@ class OutboxRelay(mode.Service):
         self._topic = topic
         self._create_topic = create_topic
         self._serializer = serializer
+        self._registry = f"schema registry at {registry_url}" if registry_url else "schema registry"
         self._interval_s = interval_s
         self._batch = batch
         self._linger_s = linger_s
@@ -334,6 +338,8 @@ class OutboxRelay(mode.Service):
         self._last_pass_ok: bool | None = None
         self._last_error = ""
         self._blocked_since: float | None = None  # monotonic
+        # Whether the outage now lasting was logged (once, see _log_outage).
+        self._outage_logged = False
         # Rows of the last pass that met a transient fault while others went out.
         self._retrying_rows = 0
         self._backlog: Backlog | None = None
@@ -515,8 +521,7 @@ class OutboxRelay(mode.Service):
             )
         if result.published:
             self._last_publish_at = time.time()
-            self.stats.failing_passes = 0
-            self._blocked_since = None
+            self._unblock("publishing again")
             self._misconfigured = ""
         # Publishing, so not stuck (a restart would not help them), but named.
         self._retrying_rows = result.transient if result.published else 0
@@ -524,6 +529,7 @@ class OutboxRelay(mode.Service):
             self._last_pass_ok = False
             if not result.published:
                 self._note_blocked(self._last_error or "transient publish fault", since=began)
+                self._log_outage()
         elif result.lost and not result.published and not result.failed:
             # Sent, then found another relay's: relays whose passes all outlast
             # their lease send the same rows again and again, marking none.
@@ -532,10 +538,10 @@ class OutboxRelay(mode.Service):
                 "settled: passes take longer than WFJOBS_RELAY_LEASE_S",
                 since=began,
             )
+            self._log_outage()
         elif result.fetched:
             self._last_pass_ok = True
-            self.stats.failing_passes = 0
-            self._blocked_since = None
+            self._unblock("publishing again")
 
     async def _unblock_unless_rows_wait(self) -> None:
         """After a pass that found nothing while this relay could not publish.
@@ -554,8 +560,29 @@ class OutboxRelay(mode.Service):
         self._backlog_read_at = time.monotonic()
         waiting = self._backlog.oldest_waiting_age_s
         if waiting is None or waiting < blocked_for:
-            self.stats.failing_passes = 0
-            self._blocked_since = None
+            self._unblock("none of the events it could not publish waits any more")
+
+    def _log_outage(self) -> None:
+        """One WARNING when the relay becomes unable to publish, naming why: an
+        operator tailing the log learns of the outage there, not only from
+        ``/healthz``, and an outage of hours is one line, not one per pass."""
+        if self._outage_logged:
+            return
+        self._outage_logged = True
+        log.warning(
+            "%s: cannot publish to %s, the events wait and are retried: %s",
+            self._name,
+            self._topic,
+            self._misconfigured or self._last_error,
+        )
+
+    def _unblock(self, how: str) -> None:
+        """The relay is no longer unable to publish; its outage's end is logged once."""
+        if self._outage_logged and self._blocked_since is not None:
+            log.info("%s: %s after %.0fs", self._name, how, time.monotonic() - self._blocked_since)
+        self._outage_logged = False
+        self.stats.failing_passes = 0
+        self._blocked_since = None
 
     def _note_blocked(self, error: str, *, since: float) -> None:
         """A pass that began at ``since`` published nothing: the relay has been
@@ -595,7 +622,7 @@ class OutboxRelay(mode.Service):
         try:
             await self._prepare()
         except Exception as exc:
-            failure = self._failure(exc, "schema registry")
+            failure = self._failure(exc, self._registry)
             return [failure] * len(rows)
         if self._producer is None:
             unread = await self._read_topic_limit()
@@ -1009,6 +1036,7 @@ def build_relay(
             if settings.create_topics
             else None
         ),
+        registry_url=settings.shown_registry_url,
     )
 
 

@@ -369,6 +369,13 @@ class Settings:
             completion_results_topic=self.completion_results_topic,
         )
 
+    @property
+    def shown_registry_url(self) -> str:
+        """``WFJOBS_SCHEMA_REGISTRY_URL`` as a log line may show it: no user or password."""
+        return ", ".join(
+            _without_userinfo(url.strip()) for url in self.schema_registry_url.split(",")
+        )
+
     def env_name(self, attribute: str) -> str:
         for f in fields(self):
             if f.name == attribute:

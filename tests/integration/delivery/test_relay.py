@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -473,6 +474,106 @@ async def test_a_registry_refusing_the_schema_dead_letters_no_event(
     health = relay.health()
     assert health.summary.startswith("retrying after: schema registry"), health.summary
     assert "incompatible" in health.summary
+
+
+class _RegistryBehindAuth(BaseHTTPRequestHandler):
+    """A registry that answers 401 until ``open`` is set, then takes the schema."""
+
+    open = threading.Event()
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _refused(self) -> bool:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.open.is_set():
+            return False
+        self._answer(401, {"error_code": 401, "message": "Unauthorized"})
+        return True
+
+    def do_GET(self) -> None:
+        if not self._refused():
+            self._answer(404, {"error_code": 40408, "message": "Subject has no level"})
+
+    def do_PUT(self) -> None:
+        if not self._refused():
+            self._answer(200, {"compatibility": "BACKWARD"})
+
+    def do_POST(self) -> None:
+        if not self._refused():
+            self._answer(200, {"id": 7})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+async def test_a_publish_outage_logs_one_warning_with_the_reason_and_one_line_when_it_ends(
+    store: Store,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+
+    class Registry(_RegistryBehindAuth):
+        open = threading.Event()
+
+    with serving(Registry) as url, caplog.at_level(logging.INFO, logger="streams.relay"):
+        host = url.removeprefix("http://")
+        relay = relay_of_settings(
+            store,
+            kafka_bootstrap,
+            topic,
+            WFJOBS_SCHEMA_REGISTRY_URL=f"http://user:s3cret@{host}",
+            WFJOBS_EVENT_FORMAT="avro",
+            WFJOBS_RELAY_INTERVAL_S="0.05",
+            WFJOBS_RELAY_BACKOFF_MAX_S="0.1",
+        )
+        job_id = await run_job(store, steps=0, finish=False)
+        await relay.start()
+        try:
+            deadline = time.monotonic() + 60
+            while relay.stats.failing_passes < 8:
+                assert time.monotonic() < deadline, "the relay did not keep trying"
+                await asyncio.sleep(0.05)
+            Registry.open.set()
+            while (await store.outbox.events_for(job_id))[0].status != "PUBLISHED":
+                assert time.monotonic() < deadline, "the relay did not publish again"
+                await asyncio.sleep(0.05)
+        finally:
+            await relay.stop()
+
+    lines = [r for r in caplog.records if r.name == "streams.relay"]
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    [warning] = warnings
+    assert "401" in warning and f"http://***@{host}" in warning, warning
+    assert "s3cret" not in "\n".join(r.getMessage() for r in lines)
+    [again] = [r for r in lines if "publishing again" in r.getMessage()]
+    assert again.levelno == logging.INFO
+
+
+async def test_a_broker_that_is_away_is_logged_once_not_on_every_pass(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    relay = make_relay(
+        store,
+        f"127.0.0.1:{free_port()}",
+        "workflow-run-events",
+        event_serializer(registry=None, topic="workflow-run-events"),
+        overrides={"message.timeout.ms": 300, "reconnect.backoff.max.ms": 100},
+    )
+    await run_job(store, steps=0, finish=False)
+    with caplog.at_level(logging.INFO, logger="streams.relay"):
+        for _ in range(3):
+            assert (await relay.relay_once()).transient == 1
+    await relay.stop()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "timed out" in warning.lower(), warning
 
 
 async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(

@@ -85,7 +85,8 @@ def _now() -> str:
 
 
 class KafkaRefused(SettingsError):
-    """The broker answers but refuses this process's security settings."""
+    """The broker answers but refuses this process's security settings, or the
+    cluster cannot hold the topics the settings ask it to create."""
 
 
 class BrokerConnection(mode.Service):
@@ -99,9 +100,13 @@ class BrokerConnection(mode.Service):
         retry_max_s: float,
         retry_base_s: float = RETRY_BASE_S,
         security: KafkaSecurity | None = None,
+        topic_replicas: int | None = None,
         **kwargs: Any,
     ) -> None:
+        """``topic_replicas``: the replicas of the topics this process creates
+        (``WFJOBS_CREATE_TOPICS``), checked against the cluster's brokers."""
         super().__init__(**kwargs)
+        self._topic_replicas = topic_replicas
         self._app = app
         self.bootstrap_servers = bootstrap_servers
         self._servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
@@ -223,7 +228,7 @@ class BrokerConnection(mode.Service):
                         request_timeout_ms=int(PROBE_TIMEOUT_S * 1000),
                         **options,
                     )
-                    await connection.send(MetadataRequest([]))
+                    metadata = await connection.send(MetadataRequest([]))
             except (KafkaError, OSError, TimeoutError, ValueError) as exc:
                 explained = self._security.explain(exc, self.bootstrap_servers)
                 if explained is not None:
@@ -237,6 +242,15 @@ class BrokerConnection(mode.Service):
             finally:
                 if connection is not None:
                     connection.close()
+            brokers = len(metadata.brokers)
+            if self._topic_replicas is not None and self._topic_replicas > brokers:
+                # Faust would fail creating its first topic, with a traceback
+                # that names no setting.
+                raise KafkaRefused(
+                    f"WFJOBS_TOPIC_REPLICAS is {self._topic_replicas}, more than the "
+                    f"{brokers} broker(s) of the cluster at {self.bootstrap_servers}: "
+                    "WFJOBS_CREATE_TOPICS cannot create topics with that many replicas"
+                )
             return True
         return False
 
@@ -268,6 +282,7 @@ def connect_kafka(app: faust.App, runtime: Runtime) -> BrokerConnection:
         ",".join(bootstrap_servers(settings)),
         retry_max_s=settings.broker_retry_max_s,
         security=kafka_security(settings),
+        topic_replicas=settings.topic_replicas if settings.create_topics else None,
     )
     app.add_dependency(connection)
     runtime.register_health(connection.health)

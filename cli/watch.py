@@ -3,7 +3,8 @@
 It reads the API's event stream (``GET /v1/workflow-runs/{id}/events``), so it
 needs no Kafka client. A dropped connection (a worker restarting, say) is
 picked up again after the last event shown, so every event is printed once and
-in order; a replica serving all the watchers it may (429) is asked again. The
+in order; a replica serving all the watchers it may (429) is asked again, until
+the stream has delivered nothing, not even a keep-alive, for a minute. The
 exit status says how the job ended: 0 COMPLETED, 3 FAILED, 4 DEAD,
 5 CANCELLED; 1 is an error of the command itself.
 """
@@ -31,7 +32,7 @@ EXIT_STATUS: Mapping[str, int] = {"COMPLETED": 0, "FAILED": 3, "DEAD": 4, "CANCE
 # The server sends a keep-alive at least every 15 s; a read waiting far
 # longer than that means the connection is gone without saying so.
 _IDLE_TIMEOUT_S = 45.0
-# How long the stream may stay unreachable, in a row, before watch gives up.
+# How long the stream may deliver nothing (cut, refused or full) before watch gives up.
 _GIVE_UP_AFTER_S = 60.0
 _RETRY_CAP_S = 5.0
 
@@ -115,17 +116,45 @@ def cmd_watch(args: argparse.Namespace, out: Output) -> int:
         timeline.close()
 
 
+class _Outage:
+    """How long the stream has delivered nothing, and how long to wait before the
+    next try. A connect alone is not progress: a worker that takes the stream and
+    drops it at once would otherwise be retried for ever. Anything read from the
+    stream is, keep-alives included, so a proxy that cuts long streams does not
+    end the watch of a job parked for days."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._pause = 0.5
+
+    def heard(self, lines: Iterator[bytes]) -> Iterator[bytes]:
+        for line in lines:
+            self._since, self._pause = None, 0.5
+            yield line
+
+    def too_long(self) -> bool:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        return now - self._since > _GIVE_UP_AFTER_S
+
+    def wait(self) -> None:
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, _RETRY_CAP_S)
+
+
 def _follow(client: ApiClient, job_id: str, out: Output, timeline: Timeline) -> int:
     path = f"/v1/workflow-runs/{path_segment(job_id)}/events"
     last_id = ""
-    failing_since: float | None = None
-    pause = 0.5
+    outage = _Outage()
+    cut = CliError(
+        "UNAVAILABLE", f"the event stream of {job_id} stayed cut for {_GIVE_UP_AFTER_S:g} s"
+    )
     while True:
         headers = {"Last-Event-ID": last_id} if last_id else {}
         try:
             with client.stream(path, headers=headers, idle_timeout_s=_IDLE_TIMEOUT_S) as lines:
-                failing_since, pause = None, 0.5
-                for message in messages(lines):
+                for message in messages(outage.heard(lines)):
                     if out.as_json:
                         out.json_line(
                             {"event": message.event, "id": message.id, "data": message.data}
@@ -146,21 +175,18 @@ def _follow(client: ApiClient, job_id: str, out: Output, timeline: Timeline) -> 
         except CliError as exc:
             # RESOURCE_EXHAUSTED: the replica serves all the watchers it may,
             # and says to retry later.
-            if exc.code not in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
-                raise
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
+            if exc.code not in ("UNAVAILABLE", "RESOURCE_EXHAUSTED") or outage.too_long():
                 raise
         except (OSError, TimeoutError, http.client.HTTPException):
             # Cut mid-stream (a reset, or a chunked body that stops short when
             # its server dies): pick up after the last event shown.
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > _GIVE_UP_AFTER_S:
-                raise CliError(
-                    "UNAVAILABLE", f"the event stream of {job_id} stayed cut for too long"
-                ) from None
-        time.sleep(pause)
-        pause = min(pause * 2, _RETRY_CAP_S)
+            if outage.too_long():
+                raise cut from None
+        else:
+            # Closed without its end message (a worker stopping, say): cut too.
+            if outage.too_long():
+                raise cut
+        outage.wait()
 
 
 __all__ = ["EXIT_STATUS", "StreamMessage", "Timeline", "cmd_watch", "messages"]

@@ -776,3 +776,72 @@ def test_watch_json_into_a_closed_pipe_stops_instead_of_reconnecting(
         closed_pipe.close()
     assert stopped.value.code == 1
     assert _EventsEverySecondOrSo.connections == [""], "watch reconnected"
+
+
+class _TakesTheStreamAndDrops(http.server.BaseHTTPRequestHandler):
+    """A worker that answers a job's event stream and closes it at once; after
+    ``end_after`` connections (when set) it ends the job. ``keep_alive`` sends a
+    keep-alive comment before closing, as a live stream cut by a proxy would."""
+
+    connections = 0
+    keep_alive = False
+    end_after: int | None = None
+
+    def do_GET(self) -> None:
+        type(self).connections += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        if self.keep_alive:
+            self.wfile.write(b": keep-alive\n\n")
+        if self.end_after is not None and self.connections > self.end_after:
+            self.wfile.write(b'event: end\ndata: {"status": "COMPLETED"}\n\n')
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _watch_in_thread(url: str) -> tuple[threading.Thread, list[int]]:
+    result: list[int] = []
+    thread = threading.Thread(
+        target=lambda: result.append(cli_main(["--url", url, "watch", str(uuid.uuid4())])),
+        daemon=True,
+    )
+    thread.start()
+    return thread, result
+
+
+def test_watch_gives_up_on_a_stream_that_is_taken_and_dropped_without_a_word(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each connect reset the give-up clock, and a stream that ended without its
+    # end message was not counted as cut at all: watch reconnected for ever.
+    monkeypatch.setattr("cli.watch._GIVE_UP_AFTER_S", 1.0)
+    monkeypatch.setattr("cli.watch._RETRY_CAP_S", 0.2)
+    monkeypatch.setattr(_TakesTheStreamAndDrops, "connections", 0)
+    with serving(_TakesTheStreamAndDrops) as url:
+        thread, result = _watch_in_thread(url)
+        thread.join(timeout=10)
+    assert result == [1], "watch is still reconnecting"
+    assert _TakesTheStreamAndDrops.connections > 1, "watch did not reconnect at all"
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("UNAVAILABLE: ") and "stayed cut" in err, err
+
+
+def test_watch_keeps_following_a_stream_that_is_cut_but_keeps_talking(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A keep-alive is the worker saying the job is still being followed: a proxy
+    # that cuts long streams must not end the watch of a job parked for days.
+    monkeypatch.setattr("cli.watch._GIVE_UP_AFTER_S", 1.0)
+    monkeypatch.setattr("cli.watch._RETRY_CAP_S", 0.2)
+    monkeypatch.setattr(_TakesTheStreamAndDrops, "connections", 0)
+    monkeypatch.setattr(_TakesTheStreamAndDrops, "keep_alive", True)
+    monkeypatch.setattr(_TakesTheStreamAndDrops, "end_after", 8)
+    started = time.monotonic()
+    with serving(_TakesTheStreamAndDrops) as url:
+        thread, result = _watch_in_thread(url)
+        thread.join(timeout=20)
+    assert result == [0], capsys.readouterr().err
+    assert time.monotonic() - started > 1.0, "the stream was not cut for longer than the limit"

@@ -276,9 +276,9 @@ def cmd_events(args: argparse.Namespace, out: Output) -> int:
                 continue
             seen.add(event.event_id)
             print_event(out, event)
-    except KeyboardInterrupt:
-        pass
     finally:
+        # Ctrl-C goes on to main, which exits 130: a script must see that it was
+        # interrupted, not that it ended as asked.
         consumer.close()
     return 0
 

@@ -7,6 +7,9 @@ opened separately by the command and by the test, as two processes would.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -254,6 +257,32 @@ def test_events_without_from_beginning_prints_only_new_events(
     assert code == 0, err
     printed = [json.loads(line) for line in out.splitlines()]
     assert len(printed) == 1 and int(printed[0]["event_id"]) >= 100, printed
+
+
+def test_events_stopped_by_ctrl_c_exits_130_without_a_traceback(
+    kafka_bootstrap: str, new_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It exited 0, as if it had stopped by itself: `wfjobs events && next` ran
+    # the next command after the user had interrupted the first.
+    EventsTopic(kafka_bootstrap, new_topic(kafka_bootstrap, 1), monkeypatch)
+    command = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "events"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert command.stderr is not None
+        reading = command.stderr.readline()
+        assert "Ctrl-C to stop" in reading, reading
+        command.send_signal(signal.SIGINT)
+        out, err = command.communicate(timeout=30)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 130, err
+    assert (out, err) == ("", ""), err
 
 
 def test_tokens_on_a_database_not_yet_migrated_say_to_migrate(

@@ -37,6 +37,18 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_count(text: str) -> int:
+    """An argparse ``type``: a whole number above zero. A count of 0 would stop
+    before anything is read and exit as if nothing had been there."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
 def json_object(raw: str, what: str) -> dict[str, Any]:
     """A JSON object from the command line: inline text, ``@path``, or ``-`` for stdin."""
     if raw == "-":

@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 
 from rich.markup import escape
 
-from cli.arguments import job_id_argument, json_object, positive_seconds, required
+from cli.arguments import (
+    job_id_argument,
+    json_object,
+    positive_count,
+    positive_seconds,
+    required,
+)
 from cli.errors import CliError
 from cli.http import DEFAULT_URL, ApiClient, path_segment
 from cli.kafka import cmd_events, cmd_produce, cmd_produce_completion
@@ -808,7 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-beginning", action="store_true", help="start at the oldest event, not the newest"
     )
     events.add_argument("--job", metavar="ID", help="only this job's events")
-    events.add_argument("--max", type=int, help="stop after this many distinct events")
+    events.add_argument(
+        "--max", type=positive_count, help="stop after this many distinct events (1 or more)"
+    )
     events.add_argument("--timeout", type=positive_seconds, help="stop after this many seconds")
 
     dev = add(

@@ -434,6 +434,20 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(
     assert "argument --timeout" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("count", ["0", "-3", "two"])
+def test_events_max_must_be_a_positive_count(
+    count: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --max 0 stopped before reading anything and exited 0, as if the topic
+    # had been read and found empty.
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["events", "--max", count])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --max" in err and "Traceback" not in err, err
+
+
 def test_produce_completion_sends_an_empty_response_as_one(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

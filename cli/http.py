@@ -24,6 +24,9 @@ from schemas import defaults
 
 DEFAULT_URL = defaults.API_URL
 HTTP_TIMEOUT_S = 30.0
+HTTP_TIMEOUT_ENV = "WFJOBS_HTTP_TIMEOUT_S"
+# Said after a call that got no answer in time: a slow one can be waited for.
+_WAIT_LONGER = f" (--http-timeout or {HTTP_TIMEOUT_ENV} waits longer)"
 TOKEN_ENV = "WFJOBS_TOKEN"
 TOKEN_FILE_ENV = "WFJOBS_TOKEN_FILE"
 # How much of an error answer that is not the API's own JSON is shown.
@@ -105,11 +108,11 @@ class ApiClient:
         data = None if body is None else json.dumps(body).encode()
         request = self._request(method, path, query, headers, data, accept="application/json")
         try:
-            with self._open(request, self.timeout_s) as response:
+            with self._open(request, self.timeout_s, _WAIT_LONGER) as response:
                 payload = response.read()
                 self.headers = dict(response.headers.items())
         except OSError as exc:
-            raise self._unreachable(exc, request, self.timeout_s) from None
+            raise self._unreachable(exc, request, self.timeout_s, _WAIT_LONGER) from None
         except http.client.HTTPException as exc:
             raise self._not_http(exc) from None
         if not payload:
@@ -177,7 +180,8 @@ class ApiClient:
             request.add_header(name, value)
         return request
 
-    def _open(self, request: urllib.request.Request, timeout_s: float) -> Any:
+    def _open(self, request: urllib.request.Request, timeout_s: float, hint: str = "") -> Any:
+        """``request`` sent; ``hint`` follows the error when no answer came in time."""
         try:
             return _OPENER.open(request, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
@@ -190,7 +194,7 @@ class ApiClient:
                 )
             raise error from None
         except OSError as exc:
-            raise self._unreachable(exc, request, timeout_s) from None
+            raise self._unreachable(exc, request, timeout_s, hint) from None
         except http.client.HTTPException as exc:
             raise self._not_http(exc) from None
 
@@ -204,7 +208,7 @@ class ApiClient:
         )
 
     def _unreachable(
-        self, exc: OSError, request: urllib.request.Request, timeout_s: float
+        self, exc: OSError, request: urllib.request.Request, timeout_s: float, hint: str
     ) -> CliError:
         if isinstance(exc, TimeoutError):
             # Not a connect timeout (urllib wraps those in a URLError): the worker
@@ -213,7 +217,7 @@ class ApiClient:
             maybe = "" if method == "GET" else "; it may have been done all the same"
             return CliError(
                 "UNAVAILABLE",
-                f"{method} {request.full_url} got no answer within {timeout_s:g} s{maybe}",
+                f"{method} {request.full_url} got no answer within {timeout_s:g} s{maybe}{hint}",
             )
         reason = getattr(exc, "reason", exc)
         return CliError(

@@ -2,10 +2,11 @@
 
 The job and workflow verbs talk to a worker's HTTP API (``--url``, else
 ``WFJOBS_URL``, else ``http://127.0.0.1:6066``) with the token ``cli.http``
-finds. ``migrate``, ``tokens``, ``produce`` and ``events`` use the settings
+finds, waiting ``--http-timeout`` (else ``WFJOBS_HTTP_TIMEOUT_S``, else 30) seconds
+for each answer. ``migrate``, ``tokens``, ``produce`` and ``events`` use the settings
 directly (``DATABASE_URL``, ``KAFKA_BOOTSTRAP_SERVERS``,
 ``WFJOBS_SCHEMA_REGISTRY_URL``...), and ``dev`` starts the embedded stack; those
-do not take ``--url``. ``tokens`` works on the database, not through a worker:
+do not take ``--url`` or ``--http-timeout``. ``tokens`` works on the database, not through a worker:
 whoever can reach the database can always make the first token, and revoke
 one while every worker is down.
 
@@ -35,7 +36,7 @@ from cli.arguments import (
     required,
 )
 from cli.errors import CliError
-from cli.http import DEFAULT_URL, ApiClient, path_segment
+from cli.http import DEFAULT_URL, HTTP_TIMEOUT_ENV, HTTP_TIMEOUT_S, ApiClient, path_segment
 from cli.kafka import cmd_events, cmd_produce, cmd_produce_completion
 from cli.render import (
     Output,
@@ -57,6 +58,10 @@ T = TypeVar("T")
 DEV_EXTRA_INSTALL = "pip install 'workflow-jobs[dev]'"
 
 
+def _api(args: argparse.Namespace) -> ApiClient:
+    return ApiClient(args.url, timeout_s=args.http_timeout)
+
+
 def _show(out: Output, answer: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> int:
     """The server's answer as JSON with ``--json``, else as ``render`` draws it."""
     if out.as_json:
@@ -75,7 +80,7 @@ def cmd_workflows_put(args: argparse.Namespace, out: Output) -> int:
     if not isinstance(name, str) or not name:
         raise CliError("INVALID_ARGUMENT", "the workflow has no name: add one or pass --name")
     headers = {"If-Match": f'"{args.if_version}"'} if args.if_version else None
-    answer = ApiClient(args.url).call(
+    answer = _api(args).call(
         "PUT", f"/v1/workflows/{path_segment(name)}", {"workflow": definition}, headers=headers
     )
 
@@ -91,13 +96,13 @@ def cmd_workflows_put(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_workflows_get(args: argparse.Namespace, out: Output) -> int:
     name = required(args.name, "NAME")
-    answer = ApiClient(args.url).call("GET", f"/v1/workflows/{path_segment(name)}")
+    answer = _api(args).call("GET", f"/v1/workflows/{path_segment(name)}")
     return _show(out, answer, lambda answer: render_workflow(out, answer.get("workflow", {})))
 
 
 def cmd_workflows_list(args: argparse.Namespace, out: Output) -> int:
     query = {"limit": args.limit or None, "page_token": args.page_token}
-    answer = ApiClient(args.url).call("GET", "/v1/workflows", query=query)
+    answer = _api(args).call("GET", "/v1/workflows", query=query)
 
     def render(answer: dict[str, Any]) -> None:
         render_workflows(out, answer.get("workflows", []), str(answer.get("next_page_token", "")))
@@ -118,7 +123,7 @@ def cmd_submit(args: argparse.Namespace, out: Output) -> int:
         body["max_attempts"] = args.max_attempts
     if args.deadline_ms:
         body["deadline_ms"] = args.deadline_ms
-    answer = ApiClient(args.url).call("POST", "/v1/workflow-runs", body)
+    answer = _api(args).call("POST", "/v1/workflow-runs", body)
 
     def render(answer: dict[str, Any]) -> None:
         job = answer.get("job", {})
@@ -134,13 +139,13 @@ def cmd_submit(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_get(args: argparse.Namespace, out: Output) -> int:
     job_id = required(args.job_id, "JOB_ID")
-    answer = ApiClient(args.url).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}")
+    answer = _api(args).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}")
     return _show(out, answer, lambda answer: render_job(out, answer.get("job", {})))
 
 
 def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     job_id = required(args.job_id, "JOB_ID")
-    answer = ApiClient(args.url).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}:explain")
+    answer = _api(args).call("GET", f"/v1/workflow-runs/{path_segment(job_id)}:explain")
     return _show(out, answer, lambda answer: render_explanation(out, answer))
 
 
@@ -151,7 +156,7 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
         "limit": args.limit or None,
         "page_token": args.page_token,
     }
-    answer = ApiClient(args.url).call("GET", "/v1/workflow-runs", query=query)
+    answer = _api(args).call("GET", "/v1/workflow-runs", query=query)
 
     def render(answer: dict[str, Any]) -> None:
         render_jobs(out, answer.get("jobs", []), str(answer.get("next_page_token", "")))
@@ -163,7 +168,7 @@ def cmd_complete(args: argparse.Namespace, out: Output) -> int:
     job_id, step = required(args.job_id, "JOB_ID"), required(args.step, "STEP")
     response = json_object(args.response, "--response")
     path = f"/v1/workflow-runs/{path_segment(job_id)}/steps/{path_segment(step)}:complete"
-    answer = ApiClient(args.url).call("POST", path, {"response": response})
+    answer = _api(args).call("POST", path, {"response": response})
     if out.as_json:
         out.json(answer)
     else:
@@ -195,7 +200,7 @@ def cmd_resume(args: argparse.Namespace, out: Output) -> int:
         options["use_current_definition"] = True
     if args.key:
         options["request_key"] = args.key
-    client = ApiClient(args.url)
+    client = _api(args)
     if args.job_id:
         job_id = required(args.job_id, "JOB_ID")
         if args.from_step:
@@ -260,7 +265,7 @@ def cmd_cancel(args: argparse.Namespace, out: Output) -> int:
             "name a job id, or --status/--workflow/--owner/--created-before for a bulk cancel",
         )
     reason = {"reason": args.reason} if args.reason else {}
-    client = ApiClient(args.url)
+    client = _api(args)
     if args.job_id:
         job_id = required(args.job_id, "JOB_ID")
         answer = client.call("POST", f"/v1/workflow-runs/{path_segment(job_id)}:cancel", reason)
@@ -306,7 +311,7 @@ def cmd_outbox_list(args: argparse.Namespace, out: Output) -> int:
         "limit": args.limit or None,
         "page_token": args.page_token,
     }
-    answer = ApiClient(args.url).call("GET", "/v1/outbox", query=query)
+    answer = _api(args).call("GET", "/v1/outbox", query=query)
     return _show(out, answer, lambda answer: render_failed_outbox(out, answer))
 
 
@@ -321,7 +326,7 @@ def cmd_outbox_redrive(args: argparse.Namespace, out: Output) -> int:
         body = {"job_id": args.job}
     else:
         body = {"all": True}
-    answer = ApiClient(args.url).call("POST", "/v1/outbox:redrive", body)
+    answer = _api(args).call("POST", "/v1/outbox:redrive", body)
 
     def render(answer: dict[str, Any]) -> None:
         redriven = answer.get("redriven", [])
@@ -338,7 +343,7 @@ def cmd_outbox_redrive(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_dlq_list(args: argparse.Namespace, out: Output) -> int:
     query = {"max": args.max, "page_token": args.page_token}
-    answer = ApiClient(args.url).call("GET", "/v1/requests-dlq", query=query)
+    answer = _api(args).call("GET", "/v1/requests-dlq", query=query)
     return _show(out, answer, lambda answer: render_dead_letters(out, answer))
 
 
@@ -359,7 +364,7 @@ def cmd_dlq_redrive(args: argparse.Namespace, out: Output) -> int:
     body: dict[str, Any] = (
         {"positions": [_position(text) for text in args.offset]} if args.offset else {"all": True}
     )
-    answer = ApiClient(args.url).call("POST", "/v1/requests-dlq:redrive", body)
+    answer = _api(args).call("POST", "/v1/requests-dlq:redrive", body)
 
     def render(answer: dict[str, Any]) -> None:
         redriven = answer.get("redriven", [])
@@ -508,9 +513,9 @@ def _dev_stack() -> Callable[..., int]:
 # --------------------------------------------------------------------------- parser
 
 
-class _UrlOption(argparse.Action):
-    """``--url``, remembering that it was given: a command that does not use the
-    HTTP API refuses it rather than ignoring it."""
+class _HttpOption(argparse.Action):
+    """``--url`` or ``--http-timeout``, remembering that it was given: a command
+    that does not use the HTTP API refuses it rather than ignoring it."""
 
     def __call__(
         self,
@@ -520,7 +525,7 @@ class _UrlOption(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         setattr(namespace, self.dest, values)
-        namespace.url_given = True
+        namespace.http_option = option_string
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool, url: bool) -> None:
@@ -530,9 +535,18 @@ def _common(parser: argparse.ArgumentParser, *, top: bool, url: bool) -> None:
         default_url = os.environ.get("WFJOBS_URL", DEFAULT_URL) if top else argparse.SUPPRESS
         parser.add_argument(
             "--url",
-            action=_UrlOption,
+            action=_HttpOption,
             default=default_url,
             help=f"the worker's HTTP API (env WFJOBS_URL, default {DEFAULT_URL})",
+        )
+        parser.add_argument(
+            "--http-timeout",
+            action=_HttpOption,
+            type=positive_seconds,
+            default=None if top else argparse.SUPPRESS,
+            metavar="S",
+            help=f"how long a call waits for its answer, seconds (env {HTTP_TIMEOUT_ENV}, "
+            f"default {HTTP_TIMEOUT_S:g}; not watch's stream)",
         )
     parser.add_argument(
         "--json",
@@ -835,6 +849,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _http_timeout(parser: argparse.ArgumentParser, given: float | None) -> float:
+    """``--http-timeout``, else ``WFJOBS_HTTP_TIMEOUT_S``, else the default."""
+    if given is not None:
+        return given
+    text = os.environ.get(HTTP_TIMEOUT_ENV, "").strip()
+    if not text:
+        return HTTP_TIMEOUT_S
+    try:
+        return positive_seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{HTTP_TIMEOUT_ENV}: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = sys.argv[1:] if argv is None else list(argv)
@@ -846,8 +873,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UnicodeEncodeError:
             parser.error(f"argument {os.fsencode(argument)[:100]!r} is not UTF-8 text")
     args = parser.parse_args(arguments)
-    if getattr(args, "url_given", False) and not getattr(args, "uses_url", True):
-        parser.error(f"--url: `wfjobs {args.command}` does not use the HTTP API")
+    uses_http = getattr(args, "uses_url", True)
+    if getattr(args, "http_option", None) and not uses_http:
+        parser.error(f"{args.http_option}: `wfjobs {args.command}` does not use the HTTP API")
+    if uses_http:
+        args.http_timeout = _http_timeout(parser, args.http_timeout)
     out = Output(as_json=args.json)
     try:
         result: int = args.handler(args, out)

@@ -859,3 +859,60 @@ def test_watch_keeps_following_a_stream_that_is_cut_but_keeps_talking(
         thread.join(timeout=20)
     assert result == [0], capsys.readouterr().err
     assert time.monotonic() - started > 1.0, "the stream was not cut for longer than the limit"
+
+
+class _SlowWorker(http.server.BaseHTTPRequestHandler):
+    """A worker that takes a second and a half to answer a get-job."""
+
+    def do_GET(self) -> None:
+        time.sleep(1.5)
+        body = json.dumps({"job": {"job_id": "j", "status": "RUNNING"}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_how_long_a_call_waits_for_its_answer_is_set_by_option_or_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was 30 s whatever the call: a bulk resume or a large page that takes
+    # longer could not be waited for.
+    job_id = str(uuid.uuid4())
+    with serving(_SlowWorker) as url:
+        code, out, err = run(capsys, "--url", url, "--http-timeout", "0.5", "--json", "get", job_id)
+        assert (code, out) == (1, "")
+        assert "got no answer within 0.5 s" in err and "--http-timeout" in err, err
+        monkeypatch.setenv("WFJOBS_HTTP_TIMEOUT_S", "0.5")
+        code, _, err = run(capsys, "--url", url, "get", job_id)
+        assert code == 1 and "within 0.5 s" in err, err
+        # The option wins over the environment, and after the command as well.
+        code, out, err = run(capsys, "--url", url, "--json", "get", job_id, "--http-timeout", "10")
+        assert code == 0, err
+        assert json.loads(out)["job"]["status"] == "RUNNING"
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf", "soon"])
+def test_the_http_timeout_must_be_a_positive_number_of_seconds(
+    seconds: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SystemExit) as given:
+        cli_main(["--url", url, "--http-timeout", seconds, "get", str(uuid.uuid4())])
+    assert given.value.code == 2
+    assert "argument --http-timeout" in capsys.readouterr().err
+    monkeypatch.setenv("WFJOBS_HTTP_TIMEOUT_S", seconds)
+    with pytest.raises(SystemExit) as from_environment:
+        cli_main(["--url", url, "get", str(uuid.uuid4())])
+    assert from_environment.value.code == 2
+    err = capsys.readouterr().err
+    assert "WFJOBS_HTTP_TIMEOUT_S" in err and "Traceback" not in err, err
+    # A command that does not speak HTTP refuses the option, as it does --url.
+    with pytest.raises(SystemExit) as local:
+        cli_main(["--http-timeout", "5", "events"])
+    assert local.value.code == 2
+    assert "does not use the HTTP API" in capsys.readouterr().err

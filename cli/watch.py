@@ -35,6 +35,11 @@ _IDLE_TIMEOUT_S = 45.0
 # How long the stream may deliver nothing (cut, refused or full) before watch gives up.
 _GIVE_UP_AFTER_S = 60.0
 _RETRY_CAP_S = 5.0
+# Answers that say "come back later": the worker's own UNAVAILABLE, and
+# RESOURCE_EXHAUSTED when the replica serves all the watchers it may; and what a
+# proxy in front of the worker answers for it while it restarts (its own page,
+# not the API's JSON).
+_RETRY_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP_502", "HTTP_503", "HTTP_504"})
 
 
 @dataclass(frozen=True)
@@ -173,9 +178,7 @@ def _follow(client: ApiClient, job_id: str, out: Output, timeline: Timeline) -> 
                     else:
                         timeline.event(message.data)
         except CliError as exc:
-            # RESOURCE_EXHAUSTED: the replica serves all the watchers it may,
-            # and says to retry later.
-            if exc.code not in ("UNAVAILABLE", "RESOURCE_EXHAUSTED") or outage.too_long():
+            if exc.code not in _RETRY_CODES or outage.too_long():
                 raise
         except (OSError, TimeoutError, http.client.HTTPException):
             # Cut mid-stream (a reset, or a chunked body that stops short when

@@ -916,3 +916,39 @@ def test_the_http_timeout_must_be_a_positive_number_of_seconds(
         cli_main(["--http-timeout", "5", "events"])
     assert local.value.code == 2
     assert "does not use the HTTP API" in capsys.readouterr().err
+
+
+class _BehindAGateway(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of a worker that is restarting: its first answers are
+    its own 502/503/504 pages; then the worker is back and the job ends."""
+
+    answers: list[int] = []
+
+    def do_GET(self) -> None:
+        if self.answers:
+            self.send_response(self.answers.pop(0))
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html><body>Bad Gateway</body></html>")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'event: end\ndata: {"status": "COMPLETED"}\n\n')
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_watch_reconnects_through_a_gateway_whose_worker_is_restarting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Behind a TLS-terminating proxy, a worker restarting answers the proxy's
+    # 502 page: watch took that for the end of the command and exited 1.
+    monkeypatch.setattr("cli.watch._RETRY_CAP_S", 0.2)
+    monkeypatch.setattr(_BehindAGateway, "answers", [502, 503, 504])
+    with serving(_BehindAGateway) as url:
+        thread, result = _watch_in_thread(url)
+        thread.join(timeout=20)
+    assert result == [0], capsys.readouterr().err
+    assert _BehindAGateway.answers == []

@@ -43,8 +43,10 @@ class Output:
         # Piped output has no terminal width to fit; rich would assume 80
         # columns and cut table cells, so a pipe gets rows at their full width.
         piped_width = None if sys.stdout.isatty() else _PIPED_WIDTH
-        self.console = Console(highlight=False, soft_wrap=True, width=piped_width)
-        self.errors = Console(stderr=True, highlight=False, soft_wrap=True)
+        # emoji=False: rich would draw a job's ":thumbs_up:" as 👍, and escape()
+        # leaves shortcodes alone; what is printed must be the data as it is.
+        self.console = Console(highlight=False, soft_wrap=True, width=piped_width, emoji=False)
+        self.errors = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
     def json(self, value: Any) -> None:
         # Straight to stdout: rich would wrap or style long lines.

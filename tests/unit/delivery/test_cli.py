@@ -952,3 +952,38 @@ def test_watch_reconnects_through_a_gateway_whose_worker_is_restarting(
         thread.join(timeout=20)
     assert result == [0], capsys.readouterr().err
     assert _BehindAGateway.answers == []
+
+
+class _JobWithShortcodes(http.server.BaseHTTPRequestHandler):
+    """A worker whose job holds text that looks like emoji shortcodes; any other
+    path is a 404 whose message does too."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/workflow-runs/"):
+            status = 200
+            job = {"job_id": "j", "status": "FAILED", "input": {"note": "ship it :thumbs_up:"}}
+            answer: dict[str, object] = {"job": {**job, "error": "bad :warning: value"}}
+        else:
+            status, answer = 404, {"code": "NOT_FOUND", "message": "no workflow :smile:"}
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_text_output_shows_the_data_as_it_is_not_as_emoji(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # rich turned ":thumbs_up:" into 👍: `wfjobs get` showed an input, and an
+    # error, other than the job's own.
+    with serving(_JobWithShortcodes) as url:
+        code, out, _ = run(capsys, "--url", url, "get", str(uuid.uuid4()))
+        assert code == 0
+        assert "ship it :thumbs_up:" in out and "bad :warning: value" in out, out
+        code, _, err = run(capsys, "--url", url, "workflows", "get", "w")
+        assert code == 1 and "no workflow :smile:" in err, err

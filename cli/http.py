@@ -210,14 +210,22 @@ class ApiClient:
     def _unreachable(
         self, exc: OSError, request: urllib.request.Request, timeout_s: float, hint: str
     ) -> CliError:
+        method = request.get_method()
+        maybe = "" if method == "GET" else "; it may have been done all the same"
         if isinstance(exc, TimeoutError):
             # Not a connect timeout (urllib wraps those in a URLError): the worker
             # took the request, so one that changes something may have been done.
-            method = request.get_method()
-            maybe = "" if method == "GET" else "; it may have been done all the same"
             return CliError(
                 "UNAVAILABLE",
                 f"{method} {request.full_url} got no answer within {timeout_s:g} s{maybe}{hint}",
+            )
+        if not isinstance(exc, urllib.error.URLError):
+            # urllib wraps what fails while connecting and sending; this came
+            # after, while waiting for the answer (a worker killed mid-call).
+            return CliError(
+                "UNAVAILABLE",
+                f"{method} {request.full_url}: the connection closed before the answer "
+                f"came ({exc}){maybe}",
             )
         reason = getattr(exc, "reason", exc)
         return CliError(

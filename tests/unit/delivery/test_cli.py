@@ -987,3 +987,30 @@ def test_text_output_shows_the_data_as_it_is_not_as_emoji(
         assert "ship it :thumbs_up:" in out and "bad :warning: value" in out, out
         code, _, err = run(capsys, "--url", url, "workflows", "get", "w")
         assert code == 1 and "no workflow :smile:" in err, err
+
+
+class _DiesMidRequest(http.server.BaseHTTPRequestHandler):
+    """A worker that takes a request whole and is gone before it answers (killed
+    while the submit commits, say)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_call_whose_answer_never_comes_says_it_may_have_been_done(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # It said "cannot reach" the worker, which had the whole request: run again,
+    # a submit without --job-id makes a second job.
+    with serving(_DiesMidRequest) as url:
+        code, out, err = run(
+            capsys, "--url", url, "submit", "--workflow-name", "w", "--input", "{}"
+        )
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"UNAVAILABLE: POST {url}/v1/workflow-runs"), err
+    assert "may have been done" in err and "cannot reach" not in err, err

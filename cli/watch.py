@@ -35,6 +35,7 @@ _IDLE_TIMEOUT_S = 45.0
 # How long the stream may deliver nothing (cut, refused or full) before watch gives up.
 _GIVE_UP_AFTER_S = 60.0
 _RETRY_CAP_S = 5.0
+_NOT_A_WORKER = "is --url a workflow-jobs worker?"
 # Answers that say "come back later": the worker's own UNAVAILABLE, and
 # RESOURCE_EXHAUSTED when the replica serves all the watchers it may; and what a
 # proxy in front of the worker answers for it while it restarts (its own page,
@@ -56,7 +57,14 @@ def messages(lines: Iterator[bytes]) -> Iterator[StreamMessage]:
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
         if not line:
             if "data" in fields:
-                data = json.loads(fields["data"])
+                try:
+                    data = json.loads(fields["data"])
+                except ValueError:
+                    raise CliError(
+                        "INTERNAL",
+                        f"the event stream sent data that is not JSON: {fields['data'][:100]!r} "
+                        f"({_NOT_A_WORKER})",
+                    ) from None
                 yield StreamMessage(fields.get("event") or "message", fields.get("id", ""), data)
             fields = {}
             continue
@@ -160,6 +168,14 @@ def _follow(client: ApiClient, job_id: str, out: Output, timeline: Timeline) -> 
         try:
             with client.stream(path, headers=headers, idle_timeout_s=_IDLE_TIMEOUT_S) as lines:
                 for message in messages(outage.heard(lines)):
+                    if not isinstance(message.data, dict):
+                        # Every message a worker sends is an object; a
+                        # traceback is no answer to some other server's.
+                        raise CliError(
+                            "INTERNAL",
+                            f"the event stream of {client.base_url} sent "
+                            f"{type(message.data).__name__} data, not an object ({_NOT_A_WORKER})",
+                        )
                     if out.as_json:
                         out.json_line(
                             {"event": message.event, "id": message.id, "data": message.data}

@@ -1014,3 +1014,30 @@ def test_a_call_whose_answer_never_comes_says_it_may_have_been_done(
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"UNAVAILABLE: POST {url}/v1/workflow-runs"), err
     assert "may have been done" in err and "cannot reach" not in err, err
+
+
+class _StreamOfOtherData(http.server.BaseHTTPRequestHandler):
+    """An event stream that is not a worker's: its data is ``data`` as it is."""
+
+    data = b"hello"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"event: end\ndata: " + self.data + b"\n\n")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("data", [b"hello", b"[1, 2]", b'"COMPLETED"'])
+def test_watch_of_a_stream_that_is_not_a_workers_ends_in_one_line(
+    data: bytes, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_StreamOfOtherData, "data", data)
+    with serving(_StreamOfOtherData) as url:
+        code, out, err = run(capsys, "--url", url, "watch", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("INTERNAL: ") and "is --url a workflow-jobs worker?" in err, err

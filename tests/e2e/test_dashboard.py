@@ -76,6 +76,15 @@ async def _sign_in(page: Page, token: str) -> None:
     await page.click("#token-save")
 
 
+async def _signed_in(browser: Browser, url: str, token: str) -> Page:
+    """A new page on the dashboard, signed in with ``token``, its overview shown."""
+    page = await browser.new_page()
+    await page.goto(url + "/dashboard/")
+    await _sign_in(page, token)
+    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    return page
+
+
 async def test_submit_watch_it_park_answer_the_review_and_see_it_complete(
     stack: Stack, browser: Browser
 ) -> None:
@@ -172,10 +181,7 @@ async def test_a_job_link_with_a_malformed_escape_says_so_without_a_page_error(
 
 async def test_the_job_id_of_a_link_goes_to_the_api_encoded(stack: Stack, browser: Browser) -> None:
     url = await _worker_url(stack)
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     asked: list[str] = []
     page.on("request", lambda request: asked.append(request.url))
     # Decoded, "?" would end the path: the API would be asked about job "a".
@@ -263,10 +269,7 @@ async def test_a_struct_response_is_answered_with_the_object_itself(
     await stack.put_workflow(worker, _free_review_workflow())
     job_id = await _submit(stack, url, {"text": "free-form"}, workflow="free-review")
     await stack.wait_for_job(job_id, ["WAITING"])
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#complete-form textarea", timeout=TIMEOUT_MS)
     assert "fields" not in await page.inner_text("#complete-form")
@@ -293,10 +296,7 @@ async def test_a_running_job_asked_to_cancel_reads_cancel_requested_not_ended(
             " cancel_requested_at = now() WHERE job_id = %s",
             (job_id,),
         )
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#job-title [data-status=RUNNING]", timeout=TIMEOUT_MS)
     await page.wait_for_selector("#job-actions h2", timeout=TIMEOUT_MS)
@@ -317,10 +317,7 @@ async def test_a_parked_job_shows_its_reviewer_the_step_deadline(
     await stack.put_workflow(stack.workers[-1], timed)
     job_id = await _submit(stack, url, {"text": "review in time"}, workflow="timed-review")
     await stack.wait_for_job(job_id, ["WAITING"])
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#job-title [data-status=WAITING]", timeout=TIMEOUT_MS)
     deadline = page.locator("#job-summary", has_text="Answer by")
@@ -332,10 +329,7 @@ async def test_a_link_to_a_job_that_does_not_exist_says_no_such_job(
     stack: Stack, browser: Browser
 ) -> None:
     url = await _worker_url(stack)
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{uuid.uuid4()}")
     await page.locator("#job-title", has_text="No such job").wait_for(timeout=TIMEOUT_MS)
     assert "NOT_FOUND" in await page.inner_text("#view")
@@ -350,10 +344,7 @@ async def test_a_step_form_that_failed_to_load_is_shown_once_it_loads(
     url = await _worker_url(stack)
     job_id = await _submit(stack, url, {"text": "review after a hiccup"})
     await stack.wait_for_job(job_id, ["WAITING"])
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     # The worker answers the first two asks for the form with a 503, then recovers.
     failures = {"left": 2}
 
@@ -394,10 +385,7 @@ async def test_the_resume_events_link_the_other_job(stack: Stack, browser: Brows
     job_id = await _submit(stack, url, {"text": "resume me"})
     await stack.wait_for_job(job_id, ["WAITING"])
     run_id = await _cancel_and_resume(stack, url, job_id)
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     resumed = page.locator("#timeline [data-event=TYPE_RESUMED]")
     await resumed.wait_for(timeout=TIMEOUT_MS)
@@ -420,10 +408,7 @@ async def test_a_job_refused_at_submit_is_resumed_with_the_current_definition(
     later = load_workflow()
     later["name"] = "later-review"
     await stack.put_workflow(stack.workers[-1], later)
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     current = page.locator("#action-resume-current")
     await current.wait_for(timeout=TIMEOUT_MS)
@@ -445,10 +430,7 @@ async def test_an_ended_job_offers_both_resumes(stack: Stack, browser: Browser) 
     async with httpx.AsyncClient(base_url=url, timeout=10, headers=stack.headers) as http:
         cancelled = await http.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
     assert cancelled.status_code == 200, cancelled.text
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
     await page.click("#action-resume-current")
@@ -472,10 +454,7 @@ async def test_a_job_of_a_workflow_never_stored_is_not_offered_its_current_defin
         await stack.wait_for_job(job_id, ["WAITING"])
         cancelled = await http.post(f"/v1/workflow-runs/{job_id}:cancel", json={})
         assert cancelled.status_code == 200, cancelled.text
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#action-resume", timeout=TIMEOUT_MS)
     # No stored definition to take: that resume would only answer 409.
@@ -488,10 +467,7 @@ async def test_a_rejected_answer_says_why_after_the_job_fails(
     url = await _worker_url(stack)
     job_id = await _submit(stack, url, {"text": "reject me"})
     await stack.wait_for_job(job_id, ["WAITING"])
-    page = await browser.new_page()
-    await page.goto(url + "/dashboard/")
-    await _sign_in(page, stack.token)
-    await page.wait_for_selector("#status-tiles", timeout=TIMEOUT_MS)
+    page = await _signed_in(browser, url, stack.token)
     await page.goto(f"{url}/dashboard/#/jobs/{job_id}")
     await page.wait_for_selector("#complete-form", timeout=TIMEOUT_MS)
     # Neither approved nor a note: the step's validate rule refuses it.

@@ -428,8 +428,8 @@ async def test_a_registry_that_never_answers_is_an_outage_the_relay_reports(
     await relay.stop()
 
 
-class _RefusingRegistry(BaseHTTPRequestHandler):
-    """A registry that takes the compatibility level and refuses the schema, 409."""
+class _RegistryStub(BaseHTTPRequestHandler):
+    """Answers in the Schema Registry's content type."""
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -438,6 +438,10 @@ class _RefusingRegistry(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _RefusingRegistry(_RegistryStub):
+    """A registry that takes the compatibility level and refuses the schema, 409."""
 
     def do_GET(self) -> None:
         self._answer(404, {"error_code": 40408, "message": "Subject has no level"})
@@ -476,18 +480,10 @@ async def test_a_registry_refusing_the_schema_dead_letters_no_event(
     assert "incompatible" in health.summary
 
 
-class _RegistryBehindAuth(BaseHTTPRequestHandler):
+class _RegistryBehindAuth(_RegistryStub):
     """A registry that answers 401 until ``open`` is set, then takes the schema."""
 
     open = threading.Event()
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _refused(self) -> bool:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))

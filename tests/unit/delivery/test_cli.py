@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -370,6 +371,15 @@ def test_a_registry_url_with_a_password_is_not_echoed(
     assert "s3cret" not in err and "alice" not in err, err
 
 
+def _answer_json(handler: http.server.BaseHTTPRequestHandler, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _NotAWorker(http.server.BaseHTTPRequestHandler):
     """A web server that is not a worker: HTML pages, 200 for the list of workflows
     and a job's event stream, 502 otherwise."""
@@ -606,12 +616,7 @@ class _Elsewhere(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         type(self).seen.append(self.headers.get("Authorization"))
-        body = json.dumps({"code": "NOT_FOUND", "message": "not here"}).encode()
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _answer_json(self, 404, {"code": "NOT_FOUND", "message": "not here"})
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -866,12 +871,7 @@ class _SlowWorker(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         time.sleep(1.5)
-        body = json.dumps({"job": {"job_id": "j", "status": "RUNNING"}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _answer_json(self, 200, {"job": {"job_id": "j", "status": "RUNNING"}})
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -965,12 +965,7 @@ class _JobWithShortcodes(http.server.BaseHTTPRequestHandler):
             answer: dict[str, object] = {"job": {**job, "error": "bad :warning: value"}}
         else:
             status, answer = 404, {"code": "NOT_FOUND", "message": "no workflow :smile:"}
-        body = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _answer_json(self, status, answer)
 
     def log_message(self, format: str, *args: object) -> None:
         pass

@@ -19,7 +19,14 @@ from google.protobuf import descriptor_pb2
 
 from schemas.gen.buf.validate import validate_pb2
 from tests.workflows_fixtures import descriptor_set, envelope, make_registry
-from workflows import FailureKind, InputError, StepFailure, compile_definition, run_segment
+from workflows import (
+    CompiledWorkflow,
+    FailureKind,
+    InputError,
+    StepFailure,
+    compile_definition,
+    run_segment,
+)
 from workflows.rules import RuleLimits, RuleTooCostly, Scope, count_elements, make_rule
 
 SCOPE = ("input", "tokenize")
@@ -101,26 +108,32 @@ async def test_a_rule_too_costly_for_a_steps_response_fails_the_job_for_good() -
     workflow["steps"][1]["rules"].append("delay_ms = tokenize.ids.map(i, i).size() * 0")
     compiled = compile_definition(workflow, limits=RuleLimits(max_cost=100))
     text = " ".join(f"w{index}" for index in range(12))  # twelve ids and two members: 14^2 steps
+    caught = await _failure_of(compiled, text)
+    assert caught.kind is FailureKind.NON_RETRYABLE
+    assert caught.step_name == "embed"
+    assert "rule `delay_ms = tokenize.ids.map(i, i).size() * 0` was not evaluated" in (
+        caught.message
+    )
+    assert "(WFJOBS_RULE_MAX_COST)" in caught.message
+
+
+async def _failure_of(workflow: CompiledWorkflow, text: str) -> StepFailure:
+    """How a segment of ``workflow`` over the input ``text`` fails."""
+
+    async def ignore(entry: dict[str, Any]) -> None:
+        return None
+
     with pytest.raises(StepFailure) as caught:
         await run_segment(
-            compiled,
-            compiled.validate_input({"text": text}),
+            workflow,
+            workflow.validate_input({"text": text}),
             [],
             job_id="job-1",
             attempt=1,
-            on_checkpoint=_ignore,
+            on_checkpoint=ignore,
             registry=make_registry(),
         )
-    assert caught.value.kind is FailureKind.NON_RETRYABLE
-    assert caught.value.step_name == "embed"
-    assert "rule `delay_ms = tokenize.ids.map(i, i).size() * 0` was not evaluated" in (
-        caught.value.message
-    )
-    assert "(WFJOBS_RULE_MAX_COST)" in caught.value.message
-
-
-async def _ignore(entry: dict[str, Any]) -> None:
-    return None
+    return caught.value
 
 
 def _with_message_rule(message: str, field_name: str, expression: str) -> dict[str, Any]:
@@ -161,16 +174,7 @@ async def test_a_response_too_large_for_its_types_rules_fails_the_step_for_good(
         limits=RuleLimits(max_cost=100),
     )
     text = " ".join(f"w{index}" for index in range(12))
-    with pytest.raises(StepFailure) as caught:
-        await run_segment(
-            workflow,
-            workflow.validate_input({"text": text}),
-            [],
-            job_id="job-1",
-            attempt=1,
-            on_checkpoint=_ignore,
-            registry=make_registry(),
-        )
-    assert caught.value.kind is FailureKind.NON_RETRYABLE
-    assert caught.value.step_name == "tokenize"
-    assert "the rules declared on jobs.test.Tokens were not evaluated" in caught.value.message
+    caught = await _failure_of(workflow, text)
+    assert caught.kind is FailureKind.NON_RETRYABLE
+    assert caught.step_name == "tokenize"
+    assert "the rules declared on jobs.test.Tokens were not evaluated" in caught.message

@@ -24,6 +24,9 @@ from store.worker_ids import WorkerIdLock
 log = logging.getLogger(__name__)
 
 
+CHECK_TIMEOUT_S = 10.0
+
+
 class WorkerIdentity(mode.Service):
     def __init__(self, lock: WorkerIdLock, *, check_s: float, **kwargs: Any) -> None:
         if check_s <= 0:
@@ -47,8 +50,11 @@ class WorkerIdentity(mode.Service):
 
     async def _hold(self) -> None:
         try:
-            # A server that went silent must not hold the check for ever.
-            async with asyncio.timeout(self._check_s):
+            # A server that went silent must not hold the check for ever; but a
+            # check given up drops the session, and the id with it, so it is
+            # bounded by what an outage takes, not by the interval between
+            # checks, which a loop running late on a busy machine overshoots.
+            async with asyncio.timeout(max(self._check_s, CHECK_TIMEOUT_S)):
                 await self._lock.hold()
         except WorkerIdTaken as taken:
             # One line an operator can act on; the error stops the process.

@@ -14,6 +14,7 @@ from store.fleet import FleetStore
 from store.pool import Pool
 from store.runs import RunStore
 from store.worker_ids import WorkerIdLock
+from streams.identity import WorkerIdentity
 from tests.integration.store.helpers import submit
 
 pytestmark = pytest.mark.asyncio
@@ -85,3 +86,17 @@ async def test_the_fleet_view_says_which_workers_holding_jobs_live(
             break
         await asyncio.sleep(0.1)
     assert [w.live for w in await FleetStore(pool).workers()] == [False, False]
+
+
+async def test_a_check_slower_than_its_interval_keeps_the_id(dsn: str) -> None:
+    """A check that takes longer than the interval between checks (a loop running
+    late, a server slow for a moment) must not make the process let its id go."""
+    lock = WorkerIdLock(dsn, "w-busy")
+    identity = WorkerIdentity(lock, check_s=0.0005)
+    await identity.start()
+    try:
+        held_by = lock._conn
+        await asyncio.sleep(0.5)  # hundreds of checks, each slower than the interval
+        assert lock.held and lock._conn is held_by
+    finally:
+        await identity.stop()

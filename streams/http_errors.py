@@ -238,7 +238,11 @@ def _framework_error(
     else:
         message = exc.reason
     code = _CODE_OF_STATUS.get(exc.status, "INTERNAL" if exc.status >= 500 else "INVALID_ARGUMENT")
-    return error_response(code, message, request_id, status=exc.status)
+    response = error_response(code, message, request_id, status=exc.status)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        # A 405 names what the resource does take (RFC 9110, 15.5.6).
+        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+    return response
 
 
 def _shown(text: str) -> str:

@@ -75,6 +75,19 @@ async def test_faust_endpoints_are_off_and_unknown_routes_answer_json(live_api: 
     await _error(live_api, "POST", "/healthz", 405, "METHOD_NOT_ALLOWED", body={})
 
 
+async def test_a_405_names_the_methods_the_resource_takes_in_allow(live_api: LiveApi) -> None:
+    for method, path, allowed in (
+        ("DELETE", "/v1/workflows", "GET, HEAD"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("POST", "/dashboard/", "GET, HEAD"),
+        ("PUT", "/dashboard/app.js", "GET, HEAD"),
+    ):
+        status, headers, body = await _call(live_api, method, path, body={})
+        assert (status, body["code"]) == (405, "METHOD_NOT_ALLOWED"), (method, path, body)
+        assert headers.get("Allow") == allowed, (method, path, dict(headers))
+        assert body["message"].endswith(f"allowed: {allowed}"), body
+
+
 async def test_head_is_served_exactly_where_get_is(live_api: LiveApi) -> None:
     _, _, document = await _call(live_api, "GET", OPENAPI_PATH, token=False)
     await _call(live_api, "PUT", "/v1/workflows/web-review", body={"workflow": WEB_WORKFLOW})

@@ -390,12 +390,20 @@ class OutboxRelay(mode.Service):
                     if not is_outage(exc):
                         raise
                     # A store outage must not end the worker: log it and try
-                    # again after a growing pause.
+                    # again after a growing pause. One line, on the first pass
+                    # and every tenth: an outage of an hour is a few lines,
+                    # not a traceback every few seconds.
                     self.stats.errors += 1
                     self._note_blocked(f"{type(exc).__name__}: {exc}", since=began)
-                    log.exception(
-                        "%s: pass failed (%d in a row)", self._name, self.stats.failing_passes
-                    )
+                    failures = self.stats.failing_passes
+                    if failures == 1 or failures % 10 == 0:
+                        log.warning(
+                            "%s: pass failed (%d in a row): %s: %s",
+                            self._name,
+                            failures,
+                            type(exc).__name__,
+                            exc,
+                        )
                     await self._back_off()
                     continue
                 await self._read_backlog()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
@@ -34,7 +35,7 @@ from schemas.contract import WorkflowRunEvent
 from schemas.serde import EventDecoder, EventSerializer, avro_record_to_event, event_serializer
 from store import Outbox, RunStore, open_pool
 from store.channels import JOBS_QUEUED_CHANNEL, OUTBOX_CHANNEL
-from store.outbox import Backlog, PublishFailure, RelayResult
+from store.outbox import Backlog, Publisher, PublishFailure, RelayResult
 from store.pool import Pool
 from store.records import Lease
 from streams.listener import Listener
@@ -570,6 +571,59 @@ async def test_a_broker_that_is_away_is_logged_once_not_on_every_pass(
     await relay.stop()
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "timed out" in warning.lower(), warning
+
+
+class _OutboxAway(Outbox):
+    """An outbox whose first ``passes`` relay batches fail the way a store that
+    is down does."""
+
+    passes = 0
+
+    async def relay_batch(
+        self, publish: Publisher, limit: int = 100, *, owner: str = "relay"
+    ) -> RelayResult:
+        if self.passes:
+            self.passes -= 1
+            raise psycopg.OperationalError("connection refused")
+        return await super().relay_batch(publish, limit, owner=owner)
+
+
+async def test_a_store_outage_is_a_line_on_the_first_failed_pass_and_every_tenth(
+    store: Store,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(kafka_bootstrap)
+    outbox = _OutboxAway(store.pool)
+    outbox.passes = 25
+    relay = OutboxRelay(
+        outbox,
+        producer_config=producer_config(kafka_bootstrap),
+        topic=topic,
+        serializer=event_serializer(registry=None, topic=topic),
+        interval_s=0.01,
+        backoff_max_s=0.02,
+    )
+    job_id = await run_job(store, steps=0, finish=False)
+    with caplog.at_level(logging.INFO, logger="streams.relay"):
+        await relay.start()
+        try:
+            deadline = time.monotonic() + 60
+            while (await store.outbox.events_for(job_id))[0].status != "PUBLISHED":
+                assert time.monotonic() < deadline, "the relay did not publish after the outage"
+                await asyncio.sleep(0.05)
+        finally:
+            await relay.stop()
+    assert relay.stats.errors == 25
+    failed = [r for r in caplog.records if "pass failed" in r.getMessage()]
+    assert [r.getMessage().split(" in a row")[0] for r in failed] == [
+        "relay: pass failed (1",
+        "relay: pass failed (10",
+        "relay: pass failed (20",
+    ]
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in failed)
+    assert "connection refused" in failed[0].getMessage()
 
 
 async def test_a_row_that_cannot_be_serialized_fails_at_once_with_the_reason(

@@ -25,7 +25,17 @@ from enum import StrEnum
 from functools import cache
 
 from store.history_sql import Outcome, attempt_insert
-from store.run_sql import COMPLETE, FAIL, GIVE_UP, PARK, RETRY, status_literal
+from store.run_sql import (
+    COMPLETE,
+    FAIL,
+    OUT_OF_TIME,
+    PARK,
+    RETRY,
+    retry_ends,
+    retry_event,
+    retry_status,
+    status_literal,
+)
 from store.states import Status
 
 
@@ -67,8 +77,10 @@ INPUTS: dict[Kind, tuple[tuple[str, str], ...]] = {
     Kind.RETRY_OR_DIE: (
         ("next_run_at", "timestamptz"),
         ("error", "text"),
+        ("late_error", "text"),
         ("error_class", "text"),
         ("payload", "bytea"),
+        ("late_payload", "bytea"),
         ("retry_payload", "bytea"),
     ),
 }
@@ -108,6 +120,11 @@ _ROW_FENCE = (
 _ENDED = (
     "r.job_id, r.attempt, r.claimed_at, r.checkpoints, r.claimed_checkpoints, i.worker_id AS worker"
 )
+
+# ``store.run_sql.RETRY_OR_DIE_SQL``'s decision, on the row ``r`` and its input ``i``.
+_RETRY_STATUS = retry_status("r.", "i.next_run_at")
+_REQUEUED = f"({_RETRY_STATUS}) = {status_literal(RETRY[1])}"
+_OUT_OF_TIME_NOW = f"({_RETRY_STATUS}) = {status_literal(OUT_OF_TIME[1])}"
 
 _CHANGES: dict[Kind, str] = {
     Kind.CHECKPOINT: f"""checkpointed AS (
@@ -160,37 +177,37 @@ _CHANGES: dict[Kind, str] = {
         )
     }
 )""",
-    # As ``RETRY_OR_DIE_SQL``: the row's own counters decide QUEUED or DEAD.
+    # As ``RETRY_OR_DIE_SQL``: the row's own counters and deadline decide
+    # QUEUED, DEAD or FAILED.
     Kind.RETRY_OR_DIE: f"""retried AS (
     UPDATE workflow_run AS r
-       SET status = CASE WHEN r.attempt < r.max_attempts
-                         THEN {status_literal(RETRY[1])} ELSE {status_literal(GIVE_UP[1])} END,
-           run_after = CASE WHEN r.attempt < r.max_attempts
-                            THEN i.next_run_at ELSE r.run_after END,
-           lease_owner = CASE WHEN r.attempt < r.max_attempts THEN NULL ELSE r.lease_owner END,
+       SET status = {_RETRY_STATUS},
+           run_after = CASE WHEN {_REQUEUED} THEN i.next_run_at ELSE r.run_after END,
+           lease_owner = CASE WHEN {_REQUEUED} THEN NULL ELSE r.lease_owner END,
            lease_until = NULL,
-           error = i.error,
+           error = CASE WHEN {_OUT_OF_TIME_NOW} THEN i.late_error ELSE i.error END,
            updated_at = now()
       FROM retry_or_die_in AS i
      WHERE {_ROW_FENCE}
-    RETURNING {_ENDED}, r.status, r.max_attempts, r.run_after, i.error, i.error_class,
-              i.payload, i.retry_payload
+    RETURNING {_ENDED}, r.status, r.max_attempts, r.run_after, i.error, i.late_error,
+              i.error_class, i.payload, i.late_payload, i.retry_payload
 ), retried_ends AS (
     {
-        attempt_insert(
+        retry_ends(
             "retried",
-            f"CASE WHEN retried.status = {status_literal(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
-            f" ELSE '{Outcome.RETRY_SCHEDULED}' END",
             worker="retried.worker",
             error="retried.error",
+            late_error="retried.late_error",
             error_class="retried.error_class",
-            next_run_at=(
-                f"CASE WHEN retried.status = {status_literal(RETRY[1])} THEN retried.run_after END"
-            ),
         )
     }
 )""",
 }
+
+_RETRY_EVENT_TYPE = retry_event(
+    "status", dead="%(dead_type)s", late="%(fail_type)s", retry="%(retry_type)s"
+)
+_RETRY_PAYLOAD = retry_event("status", dead="payload", late="late_payload", retry="retry_payload")
 
 # Each kind's events, as (job_id, seq, event_type, payload) rows; the types
 # are statement parameters named by ``event_type_param``.
@@ -207,10 +224,7 @@ _EVENTS: dict[Kind, tuple[str, ...]] = {
     Kind.PARK: ("SELECT job_id, 0, %(park_type)s::text, payload FROM parked",),
     Kind.FAIL: ("SELECT job_id, 0, %(fail_type)s::text, payload FROM failed",),
     Kind.RETRY_OR_DIE: (
-        f"SELECT job_id, 0, CASE WHEN status = {status_literal(GIVE_UP[1])}"
-        " THEN %(dead_type)s::text ELSE %(retry_type)s::text END,"
-        f" CASE WHEN status = {status_literal(GIVE_UP[1])} THEN payload ELSE retry_payload END"
-        " FROM retried",
+        f"SELECT job_id, 0, {_RETRY_EVENT_TYPE}::text, {_RETRY_PAYLOAD} FROM retried",
     ),
 }
 
@@ -231,7 +245,7 @@ EVENT_TYPE_PARAMS: dict[Kind, tuple[str, ...]] = {
     Kind.COMPLETE: ("checkpoint_type", "complete_type"),
     Kind.PARK: ("park_type",),
     Kind.FAIL: ("fail_type",),
-    Kind.RETRY_OR_DIE: ("dead_type", "retry_type"),
+    Kind.RETRY_OR_DIE: ("dead_type", "fail_type", "retry_type"),
 }
 
 

@@ -154,16 +154,21 @@ class SubmitResult:
 
 @dataclass(frozen=True, slots=True)
 class RetryOutcome:
-    # QUEUED (retry later) or DEAD (no attempt left).
+    # QUEUED (retry later), DEAD (no attempt left) or FAILED (the retry would
+    # have started after the job's whole-job deadline).
     status: Status
     attempt: int
     max_attempts: int
-    # When the job becomes claimable again (QUEUED); unchanged when DEAD.
+    # When the job becomes claimable again (QUEUED); unchanged otherwise.
     run_after: datetime
 
     @property
     def dead(self) -> bool:
         return self.status is Status.DEAD
+
+    @property
+    def retried(self) -> bool:
+        return self.status is Status.QUEUED
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,13 @@ is written.
 
 from __future__ import annotations
 
-from store.history_sql import ENDED_COLUMNS, Outcome, attempt_insert
+from store.history_sql import (
+    ENDED_COLUMNS,
+    ErrorClass,
+    Outcome,
+    attempt_insert,
+    error_class_literal,
+)
 from store.states import Status, transition
 
 # --------------------------------------------------------------------------- pieces
@@ -342,30 +348,77 @@ SELECT job_id, %(event_type)s, %(payload)s FROM changed
 RETURNING id
 """
 
-# The decision between QUEUED and DEAD reads the row's own attempt counters,
-# under the row lock. Both events are prepared by the caller, and the one that
-# matches the decision is inserted: RETRY_SCHEDULED carries the next run time,
-# so the caller names it (``next_run_at``: the backoff counted on the database
-# clock, see ``RunStore.retry_or_die``) and the row takes that same instant.
-_RETRY_OR_DIE_ENDS = attempt_insert(
+# A retryable failure's three ends, decided under the row lock from the row's
+# own counters and deadline: DEAD with no attempt left; FAILED when the retry
+# would start after the job's whole-job deadline (no claim takes a job past it,
+# so a RETRY_SCHEDULED would promise a run that never comes and leave the job
+# waiting for the deadline sweep); QUEUED with the backoff otherwise. All three
+# events are prepared by the caller, and the one that matches is inserted:
+# RETRY_SCHEDULED carries the next run time, so the caller names it
+# (``next_run_at``: the backoff counted on the database clock, see
+# ``RunStore.retry_or_die``) and the row takes that same instant.
+OUT_OF_TIME = transition(Status.RUNNING, Status.FAILED)
+
+
+def retry_status(row: str, next_run_at: str) -> str:
+    """The status a retry-or-die moves the row to: ``row`` prefixes its columns
+    ("" or "r."), ``next_run_at`` is the retry's instant as an SQL expression."""
+    return (
+        f"CASE WHEN {row}attempt >= {row}max_attempts THEN {status_literal(GIVE_UP[1])}"
+        f" WHEN {row}deadline_at <= {next_run_at} THEN {status_literal(OUT_OF_TIME[1])}"
+        f" ELSE {status_literal(RETRY[1])} END"
+    )
+
+
+def retry_ends(source: str, *, worker: str, error: str, late_error: str, error_class: str) -> str:
+    """The attempt history of a retry-or-die, from ``source``'s returned rows."""
+    status = f"{source}.status"
+    return attempt_insert(
+        source,
+        f"CASE {status} WHEN {status_literal(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
+        f" WHEN {status_literal(OUT_OF_TIME[1])} THEN '{Outcome.DEADLINE_PASSED}'"
+        f" ELSE '{Outcome.RETRY_SCHEDULED}' END",
+        worker=worker,
+        error=f"CASE WHEN {status} = {status_literal(OUT_OF_TIME[1])} THEN {late_error}"
+        f" ELSE {error} END",
+        error_class=f"CASE WHEN {status} = {status_literal(OUT_OF_TIME[1])}"
+        f" THEN {error_class_literal(ErrorClass.DEADLINE)} ELSE {error_class} END",
+        next_run_at=f"CASE WHEN {status} = {status_literal(RETRY[1])} THEN {source}.run_after END",
+    )
+
+
+def retry_event(status: str, *, dead: str, late: str, retry: str) -> str:
+    """Of a retry-or-die's three prepared values, the one its new ``status`` names."""
+    return (
+        f"CASE {status} WHEN {status_literal(GIVE_UP[1])} THEN {dead}"
+        f" WHEN {status_literal(OUT_OF_TIME[1])} THEN {late} ELSE {retry} END"
+    )
+
+
+_RETRY_STATUS = retry_status("", "%(next_run_at)s::timestamptz")
+_REQUEUED = f"({_RETRY_STATUS}) = {status_literal(RETRY[1])}"
+_OUT_OF_TIME_NOW = f"({_RETRY_STATUS}) = {status_literal(OUT_OF_TIME[1])}"
+_RETRY_OR_DIE_ENDS = retry_ends(
     "changed",
-    f"CASE WHEN changed.status = {status_literal(GIVE_UP[1])} THEN '{Outcome.DEAD}'"
-    f" ELSE '{Outcome.RETRY_SCHEDULED}' END",
     worker="%(worker_id)s",
     error="%(error)s",
+    late_error="%(late_error)s",
     error_class="%(error_class)s",
-    next_run_at=f"CASE WHEN changed.status = {status_literal(RETRY[1])} THEN changed.run_after END",
+)
+_RETRY_OR_DIE_EVENT_TYPE = retry_event(
+    "status", dead="%(event_type)s", late="%(late_event_type)s", retry="%(retry_event_type)s"
+)
+_RETRY_OR_DIE_PAYLOAD = retry_event(
+    "status", dead="%(payload)s", late="%(late_payload)s", retry="%(retry_payload)s"
 )
 RETRY_OR_DIE_SQL = f"""
 WITH changed AS (
     UPDATE workflow_run
-       SET status = CASE WHEN attempt < max_attempts
-                         THEN {status_literal(RETRY[1])} ELSE {status_literal(GIVE_UP[1])} END,
-           run_after = CASE WHEN attempt < max_attempts
-                            THEN %(next_run_at)s::timestamptz ELSE run_after END,
-           lease_owner = CASE WHEN attempt < max_attempts THEN NULL ELSE lease_owner END,
+       SET status = {_RETRY_STATUS},
+           run_after = CASE WHEN {_REQUEUED} THEN %(next_run_at)s::timestamptz ELSE run_after END,
+           lease_owner = CASE WHEN {_REQUEUED} THEN NULL ELSE lease_owner END,
            lease_until = NULL,
-           error = %(error)s,
+           error = CASE WHEN {_OUT_OF_TIME_NOW} THEN %(late_error)s ELSE %(error)s END,
            updated_at = now()
      WHERE {_FENCE}
     RETURNING {ENDED_COLUMNS}, status, max_attempts, run_after
@@ -373,11 +426,7 @@ WITH changed AS (
     {_RETRY_OR_DIE_ENDS}
 ), event AS (
     INSERT INTO workflow_run_events_outbox (job_id, event_type, payload)
-    SELECT job_id,
-           CASE WHEN status = {status_literal(GIVE_UP[1])}
-                THEN %(event_type)s ELSE %(retry_event_type)s END,
-           CASE WHEN status = {status_literal(GIVE_UP[1])}
-                THEN %(payload)s ELSE %(retry_payload)s END
+    SELECT job_id, {_RETRY_OR_DIE_EVENT_TYPE}, {_RETRY_OR_DIE_PAYLOAD}
       FROM changed
 )
 SELECT status, attempt, max_attempts, run_after FROM changed

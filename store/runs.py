@@ -666,18 +666,25 @@ class RunStore:
 
         Either way the attempt joins the history with ``error_class``; a
         requeue publishes RETRY_SCHEDULED with its next run time, DEAD its DEAD.
-        The backoff (``retry_delay_s``) is counted from now on the database
-        clock, as the claim measured it against this process's
-        (``Lease.clock_offset_s``), so the row and the event name the same
-        instant.
+        A retry that would start after the job's whole-job deadline is not
+        scheduled: the job is FAILED at once, as the deadline would fail it,
+        with ``error`` and why it was not retried. The backoff
+        (``retry_delay_s``) is counted from now on the database clock, as the
+        claim measured it against this process's (``Lease.clock_offset_s``), so
+        the row and the event name the same instant.
         """
-        error = self._event_text(error)
-        dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
         next_run_at = (
             _now()
             + timedelta(seconds=lease.clock_offset_s)
             + timedelta(seconds=self.retry_delay_s(lease.attempt))
         )
+        late_error = self._event_text(
+            f"{error}; not retried: the job's deadline passes before its next attempt, "
+            f"due at {timestamp_json(next_run_at)}"
+        )
+        error = self._event_text(error)
+        dead_event = _lease_event(lease, EventType.TYPE_DEAD, error=error)
+        late_event = _lease_event(lease, EventType.TYPE_FAILED, error=late_error, deadline="job")
         retry_event = _lease_event(
             lease, EventType.TYPE_RETRY_SCHEDULED, error=error, next_run_at=next_run_at
         )
@@ -685,8 +692,10 @@ class RunStore:
             values = {
                 "next_run_at": next_run_at,
                 "error": error,
+                "late_error": late_error,
                 "error_class": error_class.value,
                 "payload": self._encode(dead_event),
+                "late_payload": self._encode(late_event),
                 "retry_payload": self._encode(retry_event),
             }
             answer = await self._grouped(Kind.RETRY_OR_DIE, lease, values, "settle a retry")
@@ -707,8 +716,11 @@ class RunStore:
                     "next_run_at": next_run_at,
                     "error": error,
                     "error_class": error_class.value,
+                    "late_error": late_error,
                     "event_type": _event_name(EventType.TYPE_DEAD),
                     "payload": self._encode(dead_event),
+                    "late_event_type": _event_name(EventType.TYPE_FAILED),
+                    "late_payload": self._encode(late_event),
                     "retry_event_type": _event_name(EventType.TYPE_RETRY_SCHEDULED),
                     "retry_payload": self._encode(retry_event),
                 },

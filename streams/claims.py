@@ -1015,6 +1015,11 @@ class ClaimLoops(mode.Service):
                     log.warning(
                         "job %s DEAD after %d attempt(s): %s", lease.job_id, outcome.attempt, error
                     )
+                elif not outcome.retried:
+                    self.stats.failed += 1
+                    log.warning(
+                        "job %s FAILED: %s; its deadline passes before a retry", lease.job_id, error
+                    )
                 else:
                     self.stats.retried += 1
                     log.info(
@@ -1070,8 +1075,10 @@ class ClaimLoops(mode.Service):
         else:
             if outcome.dead:
                 self.stats.dead += 1
-            else:
+            elif outcome.retried:
                 self.stats.retried += 1
+            else:
+                self.stats.failed += 1
 
     async def _hand_back(self, lease: Lease, why: str) -> None:
         """Requeue now with the attempt given back; if that fails too, the sweeper will."""

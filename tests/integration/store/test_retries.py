@@ -153,6 +153,53 @@ async def test_the_backoff_stops_at_its_cap_up_to_the_last_allowed_attempt(
     assert [event.type for event in events][-1] == EventType.TYPE_DEAD
 
 
+@pytest.mark.parametrize("group_commit", [True, False])
+async def test_a_retry_due_after_the_job_deadline_fails_the_job_at_once(
+    pool: Pool, outbox: Outbox, group_commit: bool
+) -> None:
+    store = RunStore(pool, group_commit=group_commit, retry_base_s=BASE_S)
+    # Attempt 1 backs off 60 s and fits a 10-minute deadline; attempt 2's 120 s
+    # would end past the deadline once five of its minutes have gone.
+    submitted = await store.submit(
+        job_id=uuid.uuid4(),
+        workflow_name="embed-text",
+        definition={"name": "embed-text"},
+        definition_hash="hash-embed-text",
+        input={"text": "hello"},
+        deadline_ms=600_000,
+    )
+    job_id = submitted.job.job_id
+    claimed = await store.claim("w1")
+    assert claimed is not None
+    assert (await store.retry_or_die(claimed.lease, "UNAVAILABLE #1")).status == "QUEUED"
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE workflow_run SET run_after = now(), deadline_at = now() + interval '100 s'"
+            " WHERE job_id = %s",
+            (job_id,),
+        )
+    claimed = await store.claim("w1")
+    assert claimed is not None and claimed.lease.attempt == 2
+    outcome = await store.retry_or_die(claimed.lease, "UNAVAILABLE #2")
+    assert outcome.status == "FAILED" and not outcome.dead
+    job = await store.get(job_id)
+    assert job.status == "FAILED" and job.lease_owner == "w1"
+    assert job.error.startswith("UNAVAILABLE #2; not retried: the job's deadline passes")
+    events = [decode_event(row.payload) for row in await outbox.events_for(job_id)]
+    assert [event.type for event in events] == [
+        EventType.TYPE_ACCEPTED,
+        EventType.TYPE_RETRY_SCHEDULED,
+        EventType.TYPE_FAILED,
+    ]
+    assert (events[-1].error, events[-1].deadline) == (job.error, "job")
+    history = await store.history.attempts(job_id)
+    assert [(a.outcome, a.error_class) for a in history] == [
+        ("RETRY_SCHEDULED", "retryable"),
+        ("DEADLINE_PASSED", "deadline"),
+    ]
+    assert history[-1].error == job.error and history[-1].next_run_at is None
+
+
 @pytest.mark.parametrize("base_s", [3600.0 * 24 * 365 * 10_000, 1e300])
 async def test_a_base_above_the_cap_waits_the_cap(pool: Pool, base_s: float) -> None:
     store = RunStore(pool, retry_base_s=base_s, retry_max_s=120.0)

@@ -294,6 +294,27 @@ async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
     assert loops.stats.retried == 2 and loops.stats.dead == 1
 
 
+async def test_a_retryable_failure_whose_retry_misses_the_deadline_fails_the_job(
+    pool: Pool,
+) -> None:
+    calls = CallLog()
+    harness = Harness(RunStore(pool, retry_base_s=120.0, lease_s=2.0), make_registry(calls), calls)
+    job_id = await harness.submit(
+        envelope(name="auto", review="invoke"),
+        {"text": "x", "embed_fail": "RETRYABLE"},
+        deadline_ms=60_000,
+    )
+    loops = harness.loops(loops=1)
+    await loops.start()
+    try:
+        job = await harness.wait_status(job_id, "FAILED", "DEAD")
+    finally:
+        await loops.stop()
+    assert job.status == "FAILED" and job.attempt == 1
+    assert job.error.startswith("step 'embed': test fault RETRYABLE; not retried:"), job.error
+    assert (loops.stats.failed, loops.stats.retried, loops.stats.dead) == (1, 0, 0)
+
+
 async def test_notify_wakes_an_idle_claimer_before_its_poll(harness: Harness, dsn: str) -> None:
     listener = Listener(dsn, JOBS_QUEUED_CHANNEL)
     await listener.start()

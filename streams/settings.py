@@ -20,6 +20,7 @@ from schemas.contract import DEFAULT_MAX_EVENT_BYTES, MIN_EVENT_BYTES
 from schemas.errors import InvalidArgument
 from store import databases, pool
 from store.runs import MAX_ATTEMPTS_CEILING, RETRY_MAX_CEILING_S
+from store.tokens import validate_principal
 from streams import kafka_security as client_security
 from streams import tracing
 from streams.retention import DEFAULT_JOB_RETENTION, DEFAULT_OUTBOX_RETENTION, parse_policy
@@ -526,8 +527,10 @@ class Settings:
             raise SettingsError(f"WFJOBS_AUTH must be 'on' or 'off', got {self.auth!r}")
         if self.metrics not in {"on", "off"}:
             raise SettingsError(f"WFJOBS_METRICS must be 'on' or 'off', got {self.metrics!r}")
-        if not self.request_principal.strip():
-            raise SettingsError("WFJOBS_REQUEST_PRINCIPAL must not be blank")
+        try:
+            validate_principal(self.request_principal)
+        except InvalidArgument as exc:
+            raise SettingsError(f"WFJOBS_REQUEST_PRINCIPAL: {exc.message}") from None
         self._check_observability()
 
     def _check_topics(self) -> None:

@@ -120,6 +120,12 @@ async def test_every_other_answer(app: App, handler: CompletionHandler) -> None:
     stranger = await handler.handle(completion(job_id, principal="mallory"))
     assert stranger.outcome == Outcome.NOT_FOUND
 
+    # A trusted principal no token could name is refused, not looked up.
+    forged = await handler.handle(completion(job_id, principal="tester\nforged"))
+    assert forged.outcome == Outcome.INVALID and forged.message.startswith(
+        "principal: principal 'tester\\nforged' is malformed"
+    ), forged.message
+
     rejected = await handler.handle(completion(job_id, approved=False, reviewer="bob"))
     assert rejected.outcome == Outcome.REJECTED
     # Replayed, as after a crash before its result was acknowledged: the job has FAILED.

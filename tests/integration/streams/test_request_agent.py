@@ -29,8 +29,9 @@ from streams.admission import Admission, QueueDepth
 from streams.request_agent import Message, RequestHandler, handle_until_done
 from streams.requests_dlq import DLQ_REASON_HEADER
 from streams.runtime import Runtime
+from streams.settings import Settings
 from tests.integration.streams.conftest import Letters, running
-from tests.workflows_fixtures import envelope
+from tests.workflows_fixtures import envelope, make_registry
 
 
 def request(job_id: str, name: str = "stored", **input: Any) -> bytes:
@@ -327,6 +328,37 @@ async def test_a_workflow_name_holding_nul_is_dead_lettered_naming_the_field(
     ]
     with pytest.raises(NotFound):
         await runtime.require_runs().get(job_id)
+
+
+async def test_a_trusted_principal_no_token_could_name_is_dead_lettered_naming_the_field(
+    dsn: str, letters: Letters
+) -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": dsn,
+            "WFJOBS_ROLES": "api",
+            "WFJOBS_WORKER_ID": "agent-test",
+            "WFJOBS_TRUST_REQUEST_PRINCIPAL": "true",
+        }
+    )
+    runtime = Runtime(settings, registry=make_registry())
+    await runtime.start()
+    try:
+        await runtime.require_definitions().put("stored", envelope(name="stored"))
+        handler = RequestHandler(runtime, decoder=RequestDecoder(), dead_letter=letters, topic="t")
+        refused, kept = str(uuid.uuid4()), str(uuid.uuid4())
+        for job_id, principal in ((refused, "team a\nforged line"), (kept, "team-a")):
+            message = WorkflowRunRequest()
+            message.ParseFromString(request(job_id))
+            message.principal = principal
+            await handler.handle(b"k", message.SerializeToString())
+        [(_, _, reason)] = letters.sent
+        assert reason.startswith("principal: principal 'team a\\nforged line' is malformed"), reason
+        with pytest.raises(NotFound):
+            await runtime.require_runs().get(refused)
+        assert (await runtime.require_runs().get(kept)).owner == "team-a"
+    finally:
+        await runtime.stop()
 
 
 async def test_a_submit_that_waits_on_the_store_past_the_bound_makes_the_agent_unhealthy(

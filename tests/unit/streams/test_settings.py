@@ -127,6 +127,15 @@ def test_topic_names_of_every_legal_character_are_kept() -> None:
     assert settings.events_topic == "Team_A.workflow-run-events.v2"
 
 
+@pytest.mark.parametrize("principal", ["  ", "ingest team", "-ingest", "ingest\nx", "a" * 201])
+def test_the_request_principal_must_be_one_a_token_could_name(principal: str) -> None:
+    with pytest.raises(SettingsError, match=r"WFJOBS_REQUEST_PRINCIPAL: principal .* is malformed"):
+        Settings.from_env({"WFJOBS_REQUEST_PRINCIPAL": principal})
+    assert Settings.from_env({"WFJOBS_REQUEST_PRINCIPAL": "ingest@team-a"}).request_principal == (
+        "ingest@team-a"
+    )
+
+
 def test_the_worker_id_is_required_and_not_blank() -> None:
     with pytest.raises(SettingsError, match="WFJOBS_WORKER_ID is required"):
         Settings.from_env({"WFJOBS_WORKER_ID": "   "}).require_worker_id()

@@ -768,7 +768,7 @@ class ClaimLoops(mode.Service):
                     log.info(
                         "job %s: cancel requested at %s; stopping its segment",
                         lease.job_id,
-                        cancel_requested_at.isoformat(),
+                        timestamp_json(cancel_requested_at),
                     )
                     holding.cancel_requested = True
                     if holding.segment is not None:
@@ -1027,7 +1027,7 @@ class ClaimLoops(mode.Service):
                         lease.job_id,
                         outcome.attempt,
                         outcome.max_attempts,
-                        outcome.run_after.isoformat(),
+                        timestamp_json(outcome.run_after),
                         error,
                     )
             elif failure.kind is FailureKind.VERDICT:

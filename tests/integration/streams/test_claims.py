@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -278,16 +280,23 @@ async def test_stop_hands_back_a_job_whose_settle_outlives_the_grace(
     assert loops.stats.handed_back == 1
 
 
-async def test_retryable_failures_back_off_then_die(harness: Harness) -> None:
+async def test_retryable_failures_back_off_then_die(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     job_id = await harness.submit(
         envelope(name="auto", review="invoke"), {"text": "x", "embed_fail": "RETRYABLE"}
     )
     loops = harness.loops(loops=1)
-    await loops.start()
-    try:
-        job = await harness.wait_status(job_id, "DEAD")
-    finally:
-        await loops.stop()
+    with caplog.at_level(logging.INFO, logger="streams.claims"):
+        await loops.start()
+        try:
+            job = await harness.wait_status(job_id, "DEAD")
+        finally:
+            await loops.stop()
+    retries = [r.getMessage() for r in caplog.records if "failed, retry at" in r.getMessage()]
+    assert len(retries) == 2
+    # The instant as every other timestamp the product shows: UTC, with a Z.
+    assert all(re.search(r"retry at \d{4}-\d\d-\d\dT[\d:.]+Z: ", line) for line in retries), retries
     assert job.error == "step 'embed': test fault RETRYABLE"
     assert job.attempt == 3
     assert harness.calls[TOKENIZE] == 1 and harness.calls[EMBED] == 3

@@ -85,6 +85,7 @@ class Worker(faust.Worker):
         if isinstance(runtime, Runtime):
             try:
                 runtime.settings.require_worker_id()
+                runtime.settings.require_web_host()
                 runtime.load_handlers()
                 # On the loop the worker runs on, which keeps the id's session.
                 self.loop.run_until_complete(runtime.take_worker_id())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -404,6 +405,17 @@ class Settings:
                 "lease_owner so a job row tells which worker holds it"
             )
         return self.worker_id.strip()
+
+    def require_web_host(self) -> None:
+        """The HTTP bind address resolves: otherwise the web server's bind, late in
+        the start, ends the process with a resolver's traceback. A name lookup,
+        so it is asked at start, not with every read of the environment."""
+        try:
+            socket.getaddrinfo(self.web_host, self.web_port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise SettingsError(
+                f"WFJOBS_WEB_HOST {self.web_host!r} is not an address this machine can bind: {exc}"
+            ) from None
 
     def _check(self) -> None:
         unknown = self.roles - ROLES

@@ -110,6 +110,10 @@ def _worker(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[
             "handler module 'no_such_module_here' cannot be imported",
         ),
         ({"WFJOBS_CLAIM_LOOPS": "lots"}, "WFJOBS_CLAIM_LOOPS must be an integer"),
+        (
+            {"WFJOBS_WORKER_ID": "w1", "WFJOBS_WEB_HOST": "no-such-host.invalid"},
+            "WFJOBS_WEB_HOST 'no-such-host.invalid' is not an address this machine can bind",
+        ),
     ],
 )
 def test_the_worker_refuses_to_start(env: dict[str, str], expected: str, tmp_path: Path) -> None:

@@ -297,10 +297,12 @@ async def test_the_store_does_not_take_a_job_waiting_for_its_slot_as_stalled(poo
         await asyncio.wait_for(held.wait(), timeout=5)
         waiting = await submit(runs, envelope(name="brief", review="invoke", deadline_ms=1000), "b")
         await _until(lambda: loops.health().detail["running_segments"] == 2)
-        await asyncio.sleep(2.0)  # renewals of both jobs, every 0.2 s
+        await asyncio.sleep(4.0)  # renewals of both jobs, every 0.2 s
         # An instant within both leases, by which a job idle since its wait
-        # began would have stalled (a second of deadline plus the lease).
-        instant = datetime.now(UTC) + timedelta(seconds=lease_s - 0.3)
+        # began would have stalled (a second of deadline plus the lease). It
+        # leaves a renewal 1.5 s to come late on a busy machine, and the idle
+        # job 1.5 s past its stall.
+        instant = datetime.now(UTC) + timedelta(seconds=lease_s - 1.5)
         swept = await runs.sweep_expired(now=instant)
         assert swept.requeued == 0, swept
         assert (await runs.get(waiting)).status == "RUNNING"

@@ -138,7 +138,8 @@ async def test_the_offset_moves_only_after_the_row_commits(stack: Stack) -> None
             async with stack.pool.connection() as conn:
                 cursor = await conn.execute(
                     "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
                     ("%INSERT INTO workflow_run %",),
                 )
                 row = await cursor.fetchone()

@@ -109,6 +109,17 @@ def validate_principal(principal: str) -> str:
     return principal
 
 
+def malformed_principal(principal: str) -> str | None:
+    """Why ``principal``, sent in a message's ``principal`` field, cannot own a
+    job (one no token could name would be out of every HTTP caller's reach);
+    None when it can."""
+    try:
+        validate_principal(principal)
+    except InvalidArgument as exc:
+        return f"principal: {exc.message}"
+    return None
+
+
 def validate_token_id(token_id: str) -> str:
     if not _ID.fullmatch(token_id):
         raise InvalidArgument(

@@ -49,7 +49,7 @@ from schemas.errors import (
     WrongState,
 )
 from schemas.serde import MessageDecoder, ProtobufFramer, UndecodableMessage
-from store.tokens import validate_principal
+from store.tokens import malformed_principal
 from streams.agents import STUCK_AFTER_S, AttemptClock, stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import storable_json
@@ -154,10 +154,9 @@ class CompletionHandler:
         if problems:
             return _answer(completion, Outcome.INVALID, "; ".join(problems))
         if self._trust_principal and completion.principal:
-            try:
-                validate_principal(completion.principal)
-            except InvalidArgument as exc:
-                return _answer(completion, Outcome.INVALID, f"principal: {exc.message}")
+            malformed = malformed_principal(completion.principal)
+            if malformed is not None:
+                return _answer(completion, Outcome.INVALID, malformed)
         try:
             return completion, storable_json(completion.response, "response")
         except InvalidArgument as exc:

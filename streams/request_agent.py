@@ -54,7 +54,7 @@ from schemas import defaults
 from schemas.contract import WorkflowRunRequest, violations
 from schemas.errors import InvalidArgument, UnstorableValue
 from schemas.serde import RequestDecoder, UndecodableMessage
-from store.tokens import validate_principal
+from store.tokens import malformed_principal
 from streams.agents import STUCK_AFTER_S, AttemptClock, stopping_on_crash, worth_waiting_out
 from streams.backoff import Backoff
 from streams.convert import nul_refusal, storable_json
@@ -235,12 +235,9 @@ class RequestHandler:
         if _NUL in self.owner_of(request):
             return nul_refusal("principal").message
         if self._trust_principal and request.principal:
-            # It becomes the job's owner: one no token could ever name would
-            # put the job out of every HTTP caller's reach.
-            try:
-                validate_principal(request.principal)
-            except InvalidArgument as exc:
-                return f"principal: {exc.message}"
+            malformed = malformed_principal(request.principal)
+            if malformed is not None:
+                return malformed
         try:
             return Decoded(request, storable_json(request.input, "input"))
         except InvalidArgument as exc:

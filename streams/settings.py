@@ -414,7 +414,7 @@ class Settings:
             socket.getaddrinfo(self.web_host, self.web_port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:
             raise SettingsError(
-                f"WFJOBS_WEB_HOST {self.web_host!r} is not an address this machine can bind: {exc}"
+                f"WFJOBS_WEB_HOST {self.web_host!r} does not resolve to an address: {exc}"
             ) from None
 
     def _check(self) -> None:

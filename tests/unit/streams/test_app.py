@@ -112,7 +112,7 @@ def _worker(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[
         ({"WFJOBS_CLAIM_LOOPS": "lots"}, "WFJOBS_CLAIM_LOOPS must be an integer"),
         (
             {"WFJOBS_WORKER_ID": "w1", "WFJOBS_WEB_HOST": "no-such-host.invalid"},
-            "WFJOBS_WEB_HOST 'no-such-host.invalid' is not an address this machine can bind",
+            "WFJOBS_WEB_HOST 'no-such-host.invalid' does not resolve to an address",
         ),
     ],
 )

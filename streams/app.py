@@ -65,6 +65,16 @@ class Worker(faust.Worker):
             # banner comes before the worker exists; ``faust --quiet`` drops it.)
             self.quiet = True
 
+    async def on_stop(self) -> None:
+        # Before the app's Kafka clients: with the broker away, leaving the
+        # group and closing the consumer can take a minute, and the loops that
+        # run jobs and publish events must hand back what they hold well
+        # before an orchestrator's patience runs out.
+        runtime = getattr(self.app, "wfjobs_runtime", None)
+        if isinstance(runtime, Runtime):
+            await runtime.stop_loops()
+        await super().on_stop()
+
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         # Called once mode has given the root logger its handlers (``--logfile``
         # or the terminal, at ``--loglevel``): every line of Faust, mode and the

@@ -45,6 +45,7 @@ escapes a pass is a defect and crashes the service, and with it the process.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import functools
@@ -53,7 +54,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 from uuid import UUID
 
 import mode
@@ -82,6 +83,7 @@ from streams.tracing import Tracing
 from streams.tracing import stored as stored_trace
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
 _NOT_REPORTED = "no delivery report from the producer"
@@ -258,8 +260,10 @@ class OutboxRelay(mode.Service):
 
     Starting the service runs the loop; stopping it finishes the pass in
     progress, then flushes and closes the producer (also when only
-    ``relay_once()``, one pass, was used). ``health()`` says whether it is
-    publishing (``streams.health``).
+    ``relay_once()``, one pass, was used). A pass whose broker has not
+    acknowledged it within ``stop_wait_s`` of the stop is given up: its
+    messages are purged and its rows handed back, PENDING for the next relay.
+    ``health()`` says whether it is publishing (``streams.health``).
     """
 
     def __init__(
@@ -281,6 +285,7 @@ class OutboxRelay(mode.Service):
         timings: RelayTimings | None = None,
         create_topic: TopicShape | None = None,
         registry_url: str = "",
+        stop_wait_s: float = 10.0,
         **kwargs: Any,
     ) -> None:
         """``explain(error, servers)`` names the settings behind a producer error that
@@ -290,9 +295,12 @@ class OutboxRelay(mode.Service):
         ``create_topic``: the topic is made with this shape before the first
         publish when missing (``WFJOBS_CREATE_TOPICS``; None: it is provisioned);
         ``registry_url``: the serializer's registry as its faults may name it
-        (no credentials)."""
+        (no credentials); ``stop_wait_s``: how long a stop waits for the pass in
+        flight before giving it up."""
         if batch <= 0 or interval_s <= 0 or backoff_max_s <= 0 or stuck_after_s <= 0:
             raise ValueError("batch, interval_s, backoff_max_s and stuck_after_s must be positive")
+        if stop_wait_s < 0:
+            raise ValueError("stop_wait_s must not be negative")
         if linger_s < 0:
             raise ValueError("linger_s must not be negative")
         super().__init__(**kwargs)
@@ -314,6 +322,10 @@ class OutboxRelay(mode.Service):
         # Past the producer's own deadline every message has its report; the
         # margin only covers the time librdkafka needs to raise it.
         self._flush_timeout_s = timeout_ms / 1000 + 5.0
+        self._stop_wait_s = stop_wait_s
+        # Set once a stop gives up the pass in flight: nothing more is produced,
+        # and what the pass waits on the broker for answers at once.
+        self._given_up = asyncio.Event()
         self._producer: Producer | None = None
         # The events topic's max.message.bytes, read before each producer is made
         # (None: not known, the broker's default assumed).
@@ -367,12 +379,35 @@ class OutboxRelay(mode.Service):
         self._loop_future = self.add_future(self._run())
 
     async def on_stop(self) -> None:
-        """Finish the pass in progress, then flush and close the producer."""
+        """Finish the pass in progress, then flush and close the producer.
+
+        A broker that is away would hold the pass for the producer's whole
+        message timeout (30 s by default), longer than an orchestrator lets a
+        stopping process live: after ``stop_wait_s`` its messages are purged,
+        their reports fail at once, and the pass hands its rows back unleased
+        (a purged message may still have reached the broker: delivery stays at
+        least once)."""
         self._wake.set()
         future, self._loop_future = self._loop_future, None
         if future is not None:
-            await asyncio.wait({future})
+            done, _ = await asyncio.wait({future}, timeout=self._stop_wait_s)
+            if not done:
+                await self._give_up_in_flight()
+                await asyncio.wait({future})
         await self._close()
+
+    async def _give_up_in_flight(self) -> None:
+        producer = self._producer
+        self._given_up.set()
+        if producer is None:
+            return
+        log.warning(
+            "%s: stopping with a pass unacknowledged after %.0fs; its events are "
+            "handed back for the next relay",
+            self._name,
+            self._stop_wait_s,
+        )
+        await asyncio.to_thread(producer.purge)
 
     def wake(self) -> None:
         """Start the next pass now instead of after the idle interval."""
@@ -646,6 +681,11 @@ class OutboxRelay(mode.Service):
         headers: dict[int, Headers] = {}
         for index, row in enumerate(rows):
             key = str(row.job_id)
+            if self._given_up.is_set():
+                outcomes[index] = PublishFailure(
+                    "not produced: the relay is stopping", permanent=False
+                )
+                continue
             if key in failed_jobs:
                 # An earlier event of this job did not even reach the producer;
                 # sending this one would put the job's events out of order.
@@ -686,7 +726,7 @@ class OutboxRelay(mode.Service):
             else:
                 values[index] = value
         await self._flush(producer, len(values))
-        if len(values) > 1:
+        if len(values) > 1 and not self._given_up.is_set():
             await self._resend_refused_for_size(producer, rows, values, reports, headers)
         for index in values:
             report = reports[index]
@@ -777,6 +817,8 @@ class OutboxRelay(mode.Service):
         headers: Headers | None = None,
     ) -> KafkaException | None:
         while True:
+            if self._given_up.is_set():
+                return KafkaException(KafkaError(KafkaError._PURGE_QUEUE, "the relay is stopping"))
             error = self._produce_now(producer, key, value, on_delivery, headers)
             if error is not _Queue.FULL:
                 return error
@@ -855,17 +897,30 @@ class OutboxRelay(mode.Service):
             # Before anything is sent: a broker that makes topics on first use
             # would make it with its own defaults.
             try:
-                await asyncio.to_thread(
-                    _create_missing_topic, config, self._topic, self._create_topic, timeout_s
+                await self._broker_answer(
+                    _create_missing_topic(config, self._topic, self._create_topic, timeout_s),
+                    timeout_s,
                 )
-            except (KafkaException, TimeoutError) as exc:
-                # The deployment's to fix (too many replicas, no right to
-                # create), never the rows': they wait.
-                reason = f"cannot create {self._topic}: {_describe(exc)}"
-                return PublishFailure(reason, permanent=False)
+            except KafkaException as exc:
+                inner = exc.args[0] if exc.args else None
+                if (
+                    not isinstance(inner, KafkaError)
+                    or inner.code() != KafkaError.TOPIC_ALREADY_EXISTS
+                ):
+                    # The deployment's to fix (too many replicas, no right to
+                    # create), never the rows': they wait.
+                    reason = f"cannot create {self._topic}: {_describe(exc)}"
+                    return PublishFailure(reason, permanent=False)
+            except (TimeoutError, _GivenUp) as exc:
+                why = "the relay is stopping" if isinstance(exc, _GivenUp) else "timed out"
+                return PublishFailure(f"cannot create {self._topic}: {why}", permanent=False)
         try:
-            self._topic_max_bytes = await asyncio.to_thread(
-                _topic_max_message_bytes, config, self._topic, timeout_s
+            entries = await self._broker_answer(
+                _describe_topic(config, self._topic, timeout_s), timeout_s
+            )
+            entry = entries.get("max.message.bytes")
+            self._topic_max_bytes = (
+                None if entry is None or entry.value is None else int(entry.value)
             )
         except KafkaException as exc:
             inner = exc.args[0] if exc.args else None
@@ -879,12 +934,33 @@ class OutboxRelay(mode.Service):
                 int(self._producer_config.get("batch.size", DEFAULT_BATCH_BYTES)),
             )
             self._topic_max_bytes = None
-        except TimeoutError:
+        except (TimeoutError, _GivenUp) as exc:
+            why = "the relay is stopping" if isinstance(exc, _GivenUp) else "timed out"
             return PublishFailure(
-                f"cannot read the configuration of {self._topic}: timed out",
-                permanent=False,
+                f"cannot read the configuration of {self._topic}: {why}", permanent=False
             )
         return None
+
+    async def _broker_answer(self, asked: _Asked[T], timeout_s: float) -> T:
+        """What an admin request answers; ``TimeoutError`` past ``timeout_s`` and
+        ``_GivenUp`` as soon as a stop gives up the pass. No thread waits on it."""
+        _client, future = asked
+        answer: asyncio.Future[T] = asyncio.wrap_future(future)
+        given_up: asyncio.Future[Any] = asyncio.ensure_future(self._given_up.wait())
+        waited: set[asyncio.Future[Any]] = {answer, given_up}
+        try:
+            # The request's own timeout answers first; the margin only covers raising it.
+            done, _ = await asyncio.wait(
+                waited, timeout=timeout_s + 5.0, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            given_up.cancel()
+        if answer in done:
+            return answer.result()
+        answer.cancel()
+        if given_up in done:
+            raise _GivenUp
+        raise TimeoutError
 
     def _too_large_for_topic(
         self, key: str, value: bytes, headers: Headers | None
@@ -949,31 +1025,29 @@ class TopicShape:
     replicas: int
 
 
+# An admin request in flight: the client must live until it answers.
+_Asked = tuple[AdminClient, "concurrent.futures.Future[T]"]
+
+
+class _GivenUp(Exception):
+    """A stop gave up the pass that was waiting on the broker."""
+
+
 def _create_missing_topic(
     config: Mapping[str, Any], topic: str, shape: TopicShape, timeout_s: float
-) -> None:
-    """Create ``topic`` unless the cluster has it already (blocking)."""
+) -> _Asked[None]:
+    """Ask the cluster to create ``topic`` (it answers TOPIC_ALREADY_EXISTS if it has it)."""
     admin = AdminClient(dict(config))
     new = NewTopic(topic, num_partitions=shape.partitions, replication_factor=shape.replicas)
-    future = admin.create_topics([new], request_timeout=timeout_s)[topic]
-    try:
-        future.result(timeout=timeout_s + 5.0)
-    except KafkaException as exc:
-        inner = exc.args[0] if exc.args else None
-        if not isinstance(inner, KafkaError) or inner.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
+    return admin, admin.create_topics([new], request_timeout=timeout_s)[topic]
 
 
-def _topic_max_message_bytes(config: Mapping[str, Any], topic: str, timeout_s: float) -> int | None:
-    """``topic``'s ``max.message.bytes``, asked of the cluster (blocking); None when
-    the broker's answer leaves it out (Tansu, the ``make dev`` broker, does)."""
+def _describe_topic(config: Mapping[str, Any], topic: str, timeout_s: float) -> _Asked[Any]:
+    """Ask the cluster for ``topic``'s configuration entries (Tansu, the ``make dev``
+    broker, leaves ``max.message.bytes`` out)."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
     admin = AdminClient(dict(config))
-    future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
-    # The request's own timeout answers first; the margin only covers raising it.
-    entries = future.result(timeout=timeout_s + 5.0)
-    entry = entries.get("max.message.bytes")
-    return None if entry is None or entry.value is None else int(entry.value)
+    return admin, admin.describe_configs([resource], request_timeout=timeout_s)[resource]
 
 
 def _report(
@@ -1045,6 +1119,7 @@ def build_relay(
             else None
         ),
         registry_url=settings.shown_registry_url,
+        stop_wait_s=settings.shutdown_grace_s,
     )
 
 

@@ -381,6 +381,16 @@ class Runtime(mode.Service):
             ", ".join(sorted(settings.roles)),
         )
 
+    async def stop_loops(self) -> None:
+        """Stop the loops that run jobs and publish events, in their stop order.
+
+        What the agents and the verbs still need (the pool, the worker id, the
+        LISTEN connection, the watchers) stops with the runtime itself.
+        """
+        for loop in (self.claims, self.sweeper, self.retention, self.relay, self.progress):
+            if loop is not None:
+                await loop.stop()
+
     async def on_shutdown(self) -> None:
         # Runs after every child loop has stopped: a segment finishing in its
         # grace, a hand-back and the relay's last pass all still had the pool.

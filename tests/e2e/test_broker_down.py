@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -189,3 +190,128 @@ async def _wait_for_status(
         await wait_until(reached, timeout_s=timeout_s, interval_s=0.2)
     except TimeoutError:
         raise AssertionError(f"job {job_id} not {status}\n{worker.log_tail()}") from None
+
+
+async def _outbox_rows(pool: Pool, job_id: uuid.UUID) -> list[tuple[str, str | None]]:
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT status, lease_owner FROM workflow_run_events_outbox"
+            " WHERE job_id = %s ORDER BY id",
+            (job_id,),
+        )
+        return [(str(status), owner) for status, owner in await cursor.fetchall()]
+
+
+async def test_a_worker_stops_promptly_while_its_broker_is_down(
+    database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
+) -> None:
+    """A stop does not wait out the producer's message timeout for a broker that
+    is gone: the relay's pass in flight hands its rows back, PENDING and free for
+    the next relay, and the process exits cleanly within its grace."""
+    dsn, pool = database
+    runs = RunStore(pool)
+    broker = ApacheKafkaService("")
+    workers: list[LiveWorker] = []
+    try:
+        await asyncio.to_thread(broker.start)
+        bootstrap = broker.bootstrap_servers
+        topics = {
+            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
+            for name in ("requests", "dlq", "events", "completions", "completion-results")
+        }
+        ensure_topics(bootstrap, topics.values(), partitions=1)
+        group = f"e2e-{uuid.uuid4().hex[:8]}"
+
+        def start_worker(name: str) -> LiveWorker:
+            env = worker_environment(
+                database_url=dsn,
+                bootstrap_servers=bootstrap,
+                worker_id=name,
+                web_port=free_port(),
+                data_dir=tmp_path / name,
+                handlers=(HANDLERS_MODULE,),
+                roles="api,worker,relay",
+                extra={
+                    **FAST_SETTINGS,
+                    # The product's own clocks: a publish may wait 30 s for
+                    # its acknowledgement, longer than any stop should take.
+                    "WFJOBS_RELAY_MESSAGE_TIMEOUT_MS": "30000",
+                    "WFJOBS_RELAY_LEASE_S": "60",
+                    "WFJOBS_REQUESTS_TOPIC": topics["requests"],
+                    "WFJOBS_REQUESTS_DLQ_TOPIC": topics["dlq"],
+                    "WFJOBS_EVENTS_TOPIC": topics["events"],
+                    "WFJOBS_COMPLETIONS_TOPIC": topics["completions"],
+                    "WFJOBS_COMPLETION_RESULTS_TOPIC": topics["completion-results"],
+                    "WFJOBS_GROUP": group,
+                    "WFJOBS_BROKER_RETRY_MAX_S": "1",
+                    "WFJOBS_BROKER_SESSION_TIMEOUT_S": "6",
+                },
+            )
+            worker = LiveWorker(env, workdir=tmp_path, name=name, cwd=REPO_ROOT, launch=fork_server)
+            workers.append(worker)
+            worker.start(timeout_s=60.0)
+            return worker
+
+        first = await asyncio.to_thread(start_worker, "w-first")
+        workflow = envelope(name="e2e-stop", review="invoke")
+        token = (await create_token(dsn, "e2e", SCOPES)).token
+        headers = {"Authorization": f"Bearer {token}"}
+
+        async def submit(http: httpx.AsyncClient, text: str) -> uuid.UUID:
+            job_id = uuid.uuid4()
+            answer = await http.post(
+                "/v1/workflow-runs",
+                json={
+                    "job_id": str(job_id),
+                    "workflow_name": workflow["name"],
+                    "input": {"text": text},
+                },
+            )
+            assert answer.is_success, answer.text
+            return job_id
+
+        async def all_published(job_id: uuid.UUID) -> bool | None:
+            rows = await _outbox_rows(pool, job_id)
+            return True if rows and all(s == "PUBLISHED" for s, _ in rows) else None
+
+        async with httpx.AsyncClient(base_url=first.url, timeout=10, headers=headers) as http:
+            put = await http.put(
+                f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
+            )
+            assert put.status_code in (200, 201), put.text
+            before = await submit(http, "the broker is up")
+            await _wait_for_status(runs, before, "COMPLETED", first)
+            await wait_until(lambda: all_published(before), timeout_s=30, interval_s=0.2)
+
+            await asyncio.to_thread(broker.halt)
+            during = await submit(http, "the broker is gone")
+            await _wait_for_status(runs, during, "COMPLETED", first)
+
+        async def leased() -> bool | None:
+            rows = await _outbox_rows(pool, during)
+            return True if any(owner is not None for _, owner in rows) else None
+
+        # A pass is in flight: its rows leased, their acknowledgement awaited.
+        await wait_until(leased, timeout_s=15, interval_s=0.1)
+        began = time.monotonic()
+        code = await asyncio.to_thread(first.stop, timeout_s=60)
+        took = time.monotonic() - began
+        assert code == 0, first.log_tail()
+        assert took < 15, f"the stop took {took:.1f} s\n{first.log_tail()}"
+        rows = await _outbox_rows(pool, during)
+        assert rows and all(rows_status == "PENDING" for rows_status, _ in rows), rows
+        assert all(owner is None for _, owner in rows), rows
+
+        await asyncio.to_thread(broker.resume)
+        second = await asyncio.to_thread(start_worker, "w-second")
+        try:
+            await wait_until(lambda: all_published(during), timeout_s=60, interval_s=0.2)
+        except TimeoutError:
+            raise AssertionError(
+                f"{await _outbox_rows(pool, during)}\n{second.log_tail()}"
+            ) from None
+        assert second.stop(timeout_s=15) == 0, second.log_tail()
+    finally:
+        for worker in workers:
+            worker.stop(timeout_s=15)
+        broker.stop()

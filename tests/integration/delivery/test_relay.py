@@ -895,6 +895,55 @@ async def test_stop_finishes_the_pass_in_flight_and_flushes(
     assert relay.stats.published == 15
 
 
+async def test_a_stop_gives_up_a_pass_the_broker_does_not_acknowledge(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """With the broker away a pass would wait out the whole message timeout; a
+    stop waits ``stop_wait_s`` for it, then hands its rows back, unleased and
+    with no attempt spent, for the next relay."""
+    jobs = [await run_job(store, steps=1) for _ in range(3)]
+    relay = OutboxRelay(
+        store.outbox,
+        producer_config=producer_config(f"127.0.0.1:{free_port()}", {"message.timeout.ms": 60_000}),
+        topic="workflow-run-events",
+        serializer=event_serializer(registry=None, topic="workflow-run-events"),
+        interval_s=60.0,
+        stop_wait_s=0.5,
+    )
+    await relay.start()
+
+    async def leased() -> bool:
+        async with store.pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) FROM workflow_run_events_outbox WHERE lease_owner IS NOT NULL"
+            )
+            row = await cursor.fetchone()
+        return row is not None and row[0] > 0
+
+    deadline = time.monotonic() + 30
+    while not await leased():
+        assert time.monotonic() < deadline, "no pass leased the rows"
+        await asyncio.sleep(0.05)
+    began = time.monotonic()
+    await relay.stop()
+    assert time.monotonic() - began < 10
+
+    assert not await leased()
+    for job_id in jobs:
+        records = await store.outbox.events_for(job_id)
+        assert {(r.status, r.attempts) for r in records} == {("PENDING", 0)}
+    assert relay.stats.published == 0
+
+    # The next relay, with a broker, takes them at once: no pause was left on them.
+    topic = new_topic(kafka_bootstrap)
+    healthy = make_relay(
+        store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic)
+    )
+    await drain(healthy, store, timeout_s=30)
+    await healthy.stop()
+    assert len(await asyncio.to_thread(consume, kafka_bootstrap, topic, 9)) == 9
+
+
 async def test_a_relay_that_cannot_publish_stays_stuck_while_another_one_holds_the_rows(
     store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

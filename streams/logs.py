@@ -11,6 +11,11 @@ A line is about a job when it is logged while a job's segment runs or a
 submit is handled (``about_job`` sets the job in a context variable that the
 tasks started meanwhile inherit), or when the call passes ``extra={"job_id":
 ..., "attempt": ...}`` itself, for lines logged elsewhere.
+
+In either format, the Kafka client's lines that repeat (``RepeatedLines``) are
+written once per minute with a count of those left out: with the broker away,
+aiokafka logs each failed connection and metadata request, some 75 lines a
+second, which would bury every other line of an outage.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -95,6 +102,52 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class RepeatedLines(logging.Filter):
+    """Lets through a line of the ``loggers`` once per ``window_s`` for each of
+    their messages (its format string, whatever its arguments), noting on the
+    next one let through how many were left out in between.
+
+    Lines of other loggers all pass: the service's own outage lines are
+    already one per outage (or per tenth failed pass).
+    """
+
+    def __init__(
+        self,
+        loggers: tuple[str, ...] = ("aiokafka",),
+        *,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._prefixes = tuple(loggers)
+        self._window_s = window_s
+        self._clock = clock
+        # Per message: when it was last let through, how many left out since.
+        self._seen: dict[tuple[str, int, str], list[float]] = {}
+        # aiokafka's consumer logs from its own thread.
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if not any(name == p or name.startswith(p + ".") for p in self._prefixes):
+            return True
+        key = (name, record.levelno, str(record.msg))
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self._window_s:
+                seen[1] += 1
+                return False
+            self._seen[key] = [now, 0]
+        if seen is not None and seen[1]:
+            record.msg = (
+                f"{record.getMessage()} ({seen[1]:.0f} more like this in the last "
+                f"{now - seen[0]:.0f}s not logged)"
+            )
+            record.args = None
+        return True
+
+
 def install(
     logger: logging.Logger,
     *,
@@ -102,10 +155,14 @@ def install(
     worker_id: str,
     trace_ids: TraceIds | None = None,
 ) -> None:
-    """Give every handler of ``logger`` (the root, once configured) the format asked for.
+    """Give every handler of ``logger`` (the root, once configured) the format asked
+    for, and ``RepeatedLines``.
 
     Text keeps the handlers' own formatters, as Faust and mode made them.
     """
+    repeated = RepeatedLines()
+    for handler in logger.handlers:
+        handler.addFilter(repeated)
     if log_format != "json":
         return
     fields = JobFields(worker_id, trace_ids)
@@ -115,4 +172,4 @@ def install(
         handler.addFilter(fields)
 
 
-__all__ = ["JobFields", "JsonLines", "about_job", "install"]
+__all__ = ["JobFields", "JsonLines", "RepeatedLines", "about_job", "install"]

@@ -85,3 +85,54 @@ def test_text_keeps_the_handlers_own_format(captured: tuple[logging.Logger, io.S
     with logs.about_job("job-1", 1):
         logger.info("plain")
     assert stream.getvalue() == "plain\n"
+
+
+def test_a_kafka_client_line_that_repeats_is_written_once_a_minute_with_a_count() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    now = [1000.0]
+    handler.addFilter(logs.RepeatedLines(window_s=60.0, clock=lambda: now[0]))
+    client = logging.getLogger(f"aiokafka.conn.test-{id(stream)}")
+    ours = logging.getLogger(f"streams.test-{id(stream)}")
+    for logger in (client, ours):
+        logger.propagate = False
+        logger.addHandler(handler)
+    try:
+        for second in range(120):
+            now[0] = 1000.0 + second
+            client.error("Unable connect to node with id %s: %s", 1, f"refused {second}")
+            client.error("Unable to update metadata from [%s]", 1)
+            if second < 3:
+                ours.warning("the service's own line %d", second)
+        written = stream.getvalue().splitlines()
+    finally:
+        for logger in (client, ours):
+            logger.handlers.clear()
+    assert written == [
+        "Unable connect to node with id 1: refused 0",
+        "Unable to update metadata from [1]",
+        "the service's own line 0",
+        "the service's own line 1",
+        "the service's own line 2",
+        "Unable connect to node with id 1: refused 60"
+        " (59 more like this in the last 60s not logged)",
+        "Unable to update metadata from [1] (59 more like this in the last 60s not logged)",
+    ]
+
+
+def test_install_limits_repeated_kafka_client_lines_in_text_too(
+    captured: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = captured
+    logs.install(logger, log_format="text", worker_id="w-1")
+    client = logging.getLogger("aiokafka.client")
+    # Only for this test: the client's lines reach this handler alone.
+    client.addHandler(logger.handlers[0])
+    propagate, client.propagate = client.propagate, False
+    try:
+        for _ in range(50):
+            client.error("Unable connect to %s", "127.0.0.1:9")
+    finally:
+        client.removeHandler(logger.handlers[0])
+        client.propagate = propagate
+    assert stream.getvalue().splitlines() == ["Unable connect to 127.0.0.1:9"]

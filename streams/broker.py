@@ -13,7 +13,9 @@ asks the broker for metadata with a capped, jittered backoff, and once the
 broker answers it starts those parts in the order Faust itself would, so the
 request agent begins consuming. Until then the ``broker`` part of ``/readyz``
 is not ready and says what it waits for; ``/healthz`` stays 200, because a
-process waiting for its broker is not stuck.
+process waiting for its broker is not stuck. Once connected it asks again
+every ``CHECK_S``: a broker lost since is not ready again, with the time it
+stopped answering, until it answers.
 
 A broker that answers but refuses this process's credentials (or whose
 certificate does not verify) is not waited for: no retry can fix the
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 RETRY_BASE_S = 0.5
 # Longest one metadata request may take before the attempt counts as failed.
 PROBE_TIMEOUT_S = 5.0
+# How often a connected worker asks whether its broker still answers.
+CHECK_S = 10.0
 
 
 class BootWithoutKafka(BootStrategy):
@@ -151,6 +155,22 @@ class BrokerConnection(mode.Service):
                 summary=self._last_error,
                 detail={"bootstrap_servers": self.bootstrap_servers},
             )
+        if self._state == "lost":
+            return PartHealth(
+                "broker",
+                # The consumer reconnects by itself; a restart would not bring the broker.
+                healthy=True,
+                ready=False,
+                summary=(
+                    f"Kafka at {self.bootstrap_servers} has not answered since {self._since}"
+                    f" ({self._last_error})"
+                ),
+                detail={
+                    "bootstrap_servers": self.bootstrap_servers,
+                    "lost_s": waited_s,
+                    "last_error": self._last_error,
+                },
+            )
         if self._state == "starting":
             summary = (
                 f"Kafka at {self.bootstrap_servers} answered at {self._since}; "
@@ -204,6 +224,31 @@ class BrokerConnection(mode.Service):
         self._state = "connected"
         self._since = _now()
         log.info("connected to Kafka at %s", self.bootstrap_servers)
+        await self._watch()
+
+    async def _watch(self) -> None:
+        """Once connected, ask again every ``CHECK_S``: a broker lost since is
+        not ready until it answers again (the consumer reconnects by itself)."""
+        while not self._stopping():
+            await self.sleep(CHECK_S)
+            if self._stopping():
+                return
+            try:
+                answers = await self.broker_answers()
+            except KafkaRefused as refused:
+                answers, self._last_error = False, str(refused)
+            if answers and self._state == "lost":
+                log.info("Kafka at %s answers again", self.bootstrap_servers)
+                self._state, self._since = "connected", _now()
+            elif not answers and self._state == "connected":
+                log.warning(
+                    "Kafka at %s does not answer (%s); the request consumer is not ready "
+                    "until it does",
+                    self.bootstrap_servers,
+                    self._last_error,
+                )
+                self._state, self._since = "lost", _now()
+                self._since_monotonic = time.monotonic()
 
     async def _pause(self) -> None:
         pause = self._backoff.next()

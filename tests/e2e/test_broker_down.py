@@ -241,8 +241,9 @@ def _relaying_worker(
 async def test_a_broker_outage_is_a_few_log_lines_not_a_flood(
     database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
 ) -> None:
-    """The Kafka client's repeated lines are written once a minute each, and the
-    worker still finds its broker again once it is back."""
+    """The Kafka client's repeated lines are written once a minute each, the
+    broker part of ``/readyz`` says the broker is lost, and the worker is ready
+    again once it is back."""
     dsn, _pool = database
     broker = ApacheKafkaService("")
     worker: LiveWorker | None = None
@@ -269,6 +270,14 @@ async def test_a_broker_outage_is_a_few_log_lines_not_a_flood(
         lines = worker.log_path.read_text(errors="replace").splitlines()[before:]
         # Unlimited, aiokafka alone wrote some 1 500 lines in these 20 s.
         assert len(lines) < 60, "\n".join(lines[-80:])
+        # Not ready, and saying since when; alive all the same.
+        async with httpx.AsyncClient(base_url=worker.url, timeout=5) as http:
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503, ready.text
+            part = ready.json()["parts"]["broker"]
+            assert part["ready"] is False and part["healthy"] is True, part
+            assert part["summary"].startswith(f"Kafka at {bootstrap} has not answered since "), part
+            assert (await http.get("/healthz")).status_code == 200
         await asyncio.to_thread(broker.resume)
         await wait_until(connected, timeout_s=60, interval_s=0.5)
         assert worker.stop(timeout_s=30) == 0, worker.log_tail()

@@ -11,8 +11,8 @@ whoever can reach the database can always make the first token, and revoke
 one while every worker is down.
 
 Output is tables and colours on a terminal, plain text when piped, and JSON with
-``--json``. Errors print their code and message and exit 1 (2 for usage errors);
-a command stopped by Ctrl-C exits 130.
+``--json``. Errors print their code and message (with ``--json``, as a JSON
+object) and exit 1 (2 for usage errors); a command stopped by Ctrl-C exits 130.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ text when piped, JSON with ``--json``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,13 @@ class Output:
         self.console.print(text)
 
     def error(self, code: str, message: str) -> None:
+        if self.as_json:
+            # The API's own error body, so a script reads one shape from either.
+            line = json.dumps({"code": code, "message": message}, ensure_ascii=False)
+            with contextlib.suppress(BrokenPipeError):
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+            return
         self.errors.print(f"[bold red]{escape(code)}[/]: {escape(message)}")
 
 

@@ -52,6 +52,18 @@ def test_unreachable_api_prints_code_and_message(capsys: pytest.CaptureFixture[s
     assert url in err
 
 
+def test_with_json_an_error_is_the_apis_error_body(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = run(capsys, "--json", "--url", url, "get", str(uuid.uuid4()))
+    assert (code, out) == (1, "")
+    body = json.loads(err)
+    assert set(body) == {"code", "message"} and body["code"] == "UNAVAILABLE"
+    assert url in body["message"]
+    # An error found before any call is written the same way.
+    code, _, err = run(capsys, "--json", "submit", "--workflow-name", "w", "--input", "[1]")
+    assert code == 1 and json.loads(err)["code"] == "INVALID_ARGUMENT"
+
+
 def test_options_are_accepted_after_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     args = build_parser().parse_args(["list", "--json", "--url", url, "--status", "WAITING"])

@@ -67,9 +67,9 @@ class Worker(faust.Worker):
 
     async def on_stop(self) -> None:
         # Before the app's Kafka clients: with the broker away, leaving the
-        # group and closing the consumer can take a minute, and the loops that
-        # run jobs and publish events must hand back what they hold well
-        # before an orchestrator's patience runs out.
+        # group and closing the consumer can take seconds, and the loops that
+        # run jobs must hand back what they hold well before an orchestrator's
+        # patience runs out.
         runtime = getattr(self.app, "wfjobs_runtime", None)
         if isinstance(runtime, Runtime):
             await runtime.stop_loops()

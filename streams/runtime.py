@@ -382,12 +382,14 @@ class Runtime(mode.Service):
         )
 
     async def stop_loops(self) -> None:
-        """Stop the loops that run jobs and publish events, in their stop order.
+        """Stop the loops that run jobs, in their stop order.
 
         What the agents and the verbs still need (the pool, the worker id, the
-        LISTEN connection, the watchers) stops with the runtime itself.
+        LISTEN connection, the watchers) stops with the runtime itself, and so
+        does the relay: its last pass publishes the events of the agents' last
+        submits too.
         """
-        for loop in (self.claims, self.sweeper, self.retention, self.relay, self.progress):
+        for loop in (self.claims, self.sweeper, self.retention, self.progress):
             if loop is not None:
                 await loop.stop()
 

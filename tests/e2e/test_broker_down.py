@@ -78,11 +78,7 @@ async def test_a_worker_starts_while_its_broker_is_down(
         bootstrap = broker.bootstrap_servers
         # Every topic the worker subscribes to exists before it joins: a topic
         # created under a joining group rebalances it again (see the harness).
-        topics = {
-            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
-            for name in ("requests", "dlq", "events", "completions", "completion-results")
-        }
-        ensure_topics(bootstrap, topics.values(), partitions=1)
+        topics = _own_topics(bootstrap)
         broker.halt()
         env = worker_environment(
             database_url=dsn,
@@ -202,6 +198,16 @@ async def _outbox_rows(pool: Pool, job_id: uuid.UUID) -> list[tuple[str, str | N
         return [(str(status), owner) for status, owner in await cursor.fetchall()]
 
 
+def _own_topics(bootstrap: str) -> dict[str, str]:
+    """A topic of this test's own for each one the worker uses, made on ``bootstrap``."""
+    topics = {
+        name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
+        for name in ("requests", "dlq", "events", "completions", "completion-results")
+    }
+    ensure_topics(bootstrap, topics.values(), partitions=1)
+    return topics
+
+
 def _relaying_worker(
     name: str,
     dsn: str,
@@ -250,11 +256,7 @@ async def test_a_broker_outage_is_a_few_log_lines_not_a_flood(
     try:
         await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
-        topics = {
-            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
-            for name in ("requests", "dlq", "events", "completions", "completion-results")
-        }
-        ensure_topics(bootstrap, topics.values(), partitions=1)
+        topics = _own_topics(bootstrap)
         group = f"e2e-{uuid.uuid4().hex[:8]}"
         worker = _relaying_worker("w-quiet", dsn, bootstrap, topics, group, tmp_path, fork_server)
         await asyncio.to_thread(worker.start, timeout_s=60.0)
@@ -300,11 +302,7 @@ async def test_a_worker_stops_promptly_while_its_broker_is_down(
     try:
         await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
-        topics = {
-            name: f"e2e-{name}-{uuid.uuid4().hex[:8]}"
-            for name in ("requests", "dlq", "events", "completions", "completion-results")
-        }
-        ensure_topics(bootstrap, topics.values(), partitions=1)
+        topics = _own_topics(bootstrap)
         group = f"e2e-{uuid.uuid4().hex[:8]}"
 
         def start_worker(name: str) -> LiveWorker:

@@ -72,21 +72,32 @@ class BootWithoutKafka(BootStrategy):
         return []
 
 
-# How long a stop waits for the consumer's thread to say it has closed. mode
-# waits a minute by default, and a thread whose close raises CancelledError
-# (aiokafka's fetcher does, with the broker away) never says so: the stop
-# would sit out the whole minute, past any orchestrator's grace. A close with
-# the broker up (offsets committed, the group left) takes a fraction of this;
-# a close cut short only leaves offsets uncommitted, and the partition's next
-# owner reads those messages again (submitting is idempotent on job_id).
-CONSUMER_CLOSE_S = 5.0
+def _close_consumer_thread_even_when_cancelled(thread: Any) -> None:
+    """Let the consumer's thread say it has closed even when its close is cancelled.
+
+    With the broker away, aiokafka's fetcher re-raises the cancellation of its
+    retry pause from ``close()``; the thread's shutdown then never tells mode it
+    is done, and mode waits out its whole minute for it, past any
+    orchestrator's grace. The close is over all the same: the error is dropped,
+    and the thread's shutdown goes on to say so. A close that waits on a live
+    broker (a group join in progress) still gets its time.
+    """
+    close = thread.on_thread_stop
+
+    async def on_thread_stop() -> None:
+        try:
+            await close()
+        except asyncio.CancelledError:
+            log.info("the request consumer closed without its broker")
+
+    thread.on_thread_stop = on_thread_stop
 
 
 def kafka_services(app: faust.App) -> list[ServiceT]:
     """What ``BootWithoutKafka`` leaves out, in the order Faust starts it."""
     thread = getattr(app.consumer, "_thread", None)
     if isinstance(thread, mode.Service):
-        thread.shutdown_timeout = CONSUMER_CLOSE_S
+        _close_consumer_thread_even_when_cancelled(thread)
     full = BootStrategy(app, enable_kafka=True)
     return [
         *full.kafka_producer(),

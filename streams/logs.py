@@ -102,6 +102,10 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+# The most distinct messages RepeatedLines keeps books on at once.
+_MAX_MESSAGES = 1024
+
+
 class RepeatedLines(logging.Filter):
     """Lets through a line of the ``loggers`` once per ``window_s`` for each of
     their messages (its format string, whatever its arguments), noting on the
@@ -138,6 +142,10 @@ class RepeatedLines(logging.Filter):
             if seen is not None and now - seen[0] < self._window_s:
                 seen[1] += 1
                 return False
+            if len(self._seen) >= _MAX_MESSAGES:
+                # A message formatted before it was logged is a new key each
+                # time: the quiet ones go, so the book stays small.
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self._window_s}
             self._seen[key] = [now, 0]
         if seen is not None and seen[1]:
             record.msg = (

@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,17 @@ class LiveWorker(WorkerProcess):
 
 
 @pytest.fixture
+def broker() -> Iterator[ApacheKafkaService]:
+    """A broker of the test's own, which it may halt and resume."""
+    service = ApacheKafkaService("")
+    try:
+        service.start()
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture
 async def database(make_database: Callable[[], str]) -> AsyncIterator[tuple[str, Pool]]:
     dsn = make_database(migrated=True)
     pool = await open_pool(dsn, min_size=1, max_size=2)
@@ -65,16 +76,17 @@ async def database(make_database: Callable[[], str]) -> AsyncIterator[tuple[str,
 
 
 async def test_a_worker_starts_while_its_broker_is_down(
-    database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
+    database: tuple[str, Pool],
+    broker: ApacheKafkaService,
+    tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
     dsn, pool = database
     runs = RunStore(pool)
-    # Our own broker: started to make the topics, then halted (same address,
-    # same topics) before the worker starts, and resumed while it runs.
-    broker = ApacheKafkaService("")
+    # The broker made the topics; it is halted (same address, same topics)
+    # before the worker starts, and resumed while it runs.
     worker: LiveWorker | None = None
     try:
-        await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
         # Every topic the worker subscribes to exists before it joins: a topic
         # created under a joining group rebalances it again (see the harness).
@@ -165,7 +177,6 @@ async def test_a_worker_starts_while_its_broker_is_down(
     finally:
         if worker is not None:
             worker.stop(timeout_s=15)
-        broker.stop()
 
 
 async def _wait_for_status(
@@ -245,16 +256,17 @@ def _relaying_worker(
 
 
 async def test_a_broker_outage_is_a_few_log_lines_not_a_flood(
-    database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
+    database: tuple[str, Pool],
+    broker: ApacheKafkaService,
+    tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
     """The Kafka client's repeated lines are written once a minute each, the
     broker part of ``/readyz`` says the broker is lost, and the worker is ready
     again once it is back."""
     dsn, _pool = database
-    broker = ApacheKafkaService("")
     worker: LiveWorker | None = None
     try:
-        await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
         topics = _own_topics(bootstrap)
         group = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -286,21 +298,21 @@ async def test_a_broker_outage_is_a_few_log_lines_not_a_flood(
     finally:
         if worker is not None:
             worker.stop(timeout_s=15)
-        broker.stop()
 
 
 async def test_a_worker_stops_promptly_while_its_broker_is_down(
-    database: tuple[str, Pool], tmp_path: Path, fork_server: ForkServer
+    database: tuple[str, Pool],
+    broker: ApacheKafkaService,
+    tmp_path: Path,
+    fork_server: ForkServer,
 ) -> None:
     """A stop does not wait out the producer's message timeout for a broker that
     is gone: the relay's pass in flight hands its rows back, PENDING and free for
     the next relay, and the process exits cleanly within its grace."""
     dsn, pool = database
     runs = RunStore(pool)
-    broker = ApacheKafkaService("")
     workers: list[LiveWorker] = []
     try:
-        await asyncio.to_thread(broker.start)
         bootstrap = broker.bootstrap_servers
         topics = _own_topics(bootstrap)
         group = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -373,4 +385,3 @@ async def test_a_worker_stops_promptly_while_its_broker_is_down(
     finally:
         for worker in workers:
             worker.stop(timeout_s=15)
-        broker.stop()

@@ -136,3 +136,16 @@ def test_install_limits_repeated_kafka_client_lines_in_text_too(
         client.removeHandler(logger.handlers[0])
         client.propagate = propagate
     assert stream.getvalue().splitlines() == ["Unable connect to 127.0.0.1:9"]
+
+
+def test_repeated_lines_keeps_few_books_on_messages_that_never_repeat() -> None:
+    now = [0.0]
+    repeated = logs.RepeatedLines(window_s=60.0, clock=lambda: now[0])
+    logger = logging.getLogger("aiokafka.test-books")
+    for second in range(5000):
+        now[0] = float(second)
+        record = logger.makeRecord(
+            logger.name, logging.INFO, __file__, 1, f"offset {second}", None, None
+        )
+        assert repeated.filter(record)
+    assert len(repeated._seen) <= 1024

@@ -91,6 +91,10 @@ _NOT_REPORTED = "no delivery report from the producer"
 BACKLOG_EVERY_S = 5.0
 
 
+# How long a new producer's first metadata request may hold its first pass
+# (OutboxRelay._connect); also how long it may hold a stop.
+CONNECT_WAIT_S = 2.0
+
 # librdkafka's default batch.size: how much of one partition's records one
 # produce request carries.
 DEFAULT_BATCH_BYTES = 1_000_000
@@ -671,6 +675,7 @@ class OutboxRelay(mode.Service):
             unread = await self._read_topic_limit()
             if unread is not None:
                 return [unread] * len(rows)
+            await self._connect(self._ensure_producer())
         producer = self._ensure_producer()
         outcomes: list[PublishFailure | None] = [None] * len(rows)
         reports: list[KafkaError | KafkaException | str | None] = [_NOT_REPORTED] * len(rows)
@@ -1009,6 +1014,21 @@ class OutboxRelay(mode.Service):
             self._fatal = error
         else:
             log.debug("%s: producer: %s", self._name, _describe(error))
+
+    async def _connect(self, producer: Producer) -> None:
+        """Wait, briefly, for a new producer's first answer from the cluster.
+
+        An idempotent producer sends nothing before it has a producer id. Handed
+        a batch the moment it is made, it asks for one before any connection is
+        up, fails, and librdkafka asks again only 500 ms later: every new
+        producer's first pass waited half a second. A metadata request first
+        brings a connection up, and the id comes on it. A cluster that does not
+        answer in time changes nothing: the pass produces and waits as before.
+        """
+        try:
+            await asyncio.to_thread(producer.list_topics, self._topic, timeout=CONNECT_WAIT_S)
+        except KafkaException as exc:
+            log.debug("%s: no answer from the cluster yet: %s", self._name, _describe(exc))
 
     async def _replace_producer(self) -> None:
         """An idempotent producer that hit a fatal error is unusable: start a new one."""

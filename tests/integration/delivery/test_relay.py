@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -244,6 +244,29 @@ async def test_events_reach_the_dev_stacks_tansu_broker(
     messages = await asyncio.to_thread(consume, tansu_bootstrap, topic, 3)
     events = [EventDecoder().decode(message.value()) for message in messages]
     assert [event.event_id for event in events] == await outbox_ids(store, job_id)
+
+
+async def test_a_new_producers_first_pass_is_not_held_by_its_first_connection(
+    store: Store, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # An idempotent producer given a batch before any broker connection was up
+    # asked for its producer id too early, and librdkafka asks again only after
+    # 500 ms: every new producer's first pass took more than half a second.
+    topic = new_topic(kafka_bootstrap)
+    # A broker that has just started hands out its first producer ids slowly.
+    warm = Producer(producer_config(kafka_bootstrap))
+    warm.produce(topic, key=b"warm-up", value=b"")
+    assert await asyncio.to_thread(warm.flush, 30) == 0
+    relay = make_relay(store, kafka_bootstrap, topic, event_serializer(registry=None, topic=topic))
+    await run_job(store, steps=1)
+
+    started = time.monotonic()
+    result = await relay.relay_once()
+    took_s = time.monotonic() - started
+    await relay.stop()
+
+    assert result.published == 3
+    assert took_s < 0.4, f"the first pass took {took_s:.3f} s"
 
 
 def relay_of_settings(store: Store, bootstrap: str, topic: str, **env: str) -> OutboxRelay:

@@ -251,7 +251,8 @@ async def test_a_new_producers_first_pass_is_not_held_by_its_first_connection(
 ) -> None:
     # An idempotent producer given a batch before any broker connection was up
     # asked for its producer id too early, and librdkafka asks again only after
-    # 500 ms: every new producer's first pass took more than half a second.
+    # 500 ms: every new producer's first pass took more than half a second
+    # (0.45 s here lies between that and the 0.08 s it takes now).
     topic = new_topic(kafka_bootstrap)
     # A broker that has just started hands out its first producer ids slowly.
     warm = Producer(producer_config(kafka_bootstrap))
@@ -266,7 +267,7 @@ async def test_a_new_producers_first_pass_is_not_held_by_its_first_connection(
     await relay.stop()
 
     assert result.published == 3
-    assert took_s < 0.4, f"the first pass took {took_s:.3f} s"
+    assert took_s < 0.45, f"the first pass took {took_s:.3f} s"
 
 
 def relay_of_settings(store: Store, bootstrap: str, topic: str, **env: str) -> OutboxRelay:

@@ -254,10 +254,15 @@ def _int_parameter(query: Mapping[str, str], name: str, default: int) -> int:
     raw = query.get(name, "").strip()
     if not raw:
         return default
+    # Plain ASCII digits, as every client sends them: int() alone would also
+    # take "1_0", "+5" and digits of other scripts.
+    digits = raw.removeprefix("-")
     try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer, got {raw!r}") from None
+        if digits.isascii() and digits.isdigit():
+            return int(raw)
+    except ValueError:  # longer than int() reads
+        pass
+    raise InvalidArgument(f"{name} must be an integer, got {raw!r}")
 
 
 def _event_id(raw: str, what: str) -> int:

@@ -105,6 +105,15 @@ async def test_bad_input_is_refused_with_a_message_that_says_what(dsn: str) -> N
         )
         assert message == "limit must be an integer, got 'ten'"
 
+        # Python's int() also reads these; a query parameter is plain digits.
+        for lenient in ("1_0", "+5", "\u0665", "\uff15"):
+            message = await _error(
+                await client.get("/v1/workflow-runs", params={"limit": lenient}),
+                400,
+                "INVALID_ARGUMENT",
+            )
+            assert message == f"limit must be an integer, got {lenient!r}"
+
         message = await _error(
             await client.get("/v1/workflow-runs", params={"status": "SLEEPING"}),
             400,

@@ -124,16 +124,7 @@ async def test_a_worker_starts_while_its_broker_is_down(
                 f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
             )
             assert put.status_code in (200, 201), put.text
-            job_id = uuid.uuid4()
-            submitted = await http.post(
-                "/v1/workflow-runs",
-                json={
-                    "job_id": str(job_id),
-                    "workflow_name": workflow["name"],
-                    "input": {"text": "no broker yet"},
-                },
-            )
-            assert submitted.is_success, submitted.text
+            job_id = await _submit(http, workflow["name"], "no broker yet")
             got = await http.get(f"/v1/workflow-runs/{job_id}")
             assert got.status_code == 200, got.text
             # The claim loops need no broker either.
@@ -197,6 +188,16 @@ async def _wait_for_status(
         await wait_until(reached, timeout_s=timeout_s, interval_s=0.2)
     except TimeoutError:
         raise AssertionError(f"job {job_id} not {status}\n{worker.log_tail()}") from None
+
+
+async def _submit(http: httpx.AsyncClient, workflow_name: str, text: str) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    answer = await http.post(
+        "/v1/workflow-runs",
+        json={"job_id": str(job_id), "workflow_name": workflow_name, "input": {"text": text}},
+    )
+    assert answer.is_success, answer.text
+    return job_id
 
 
 async def _outbox_rows(pool: Pool, job_id: uuid.UUID) -> list[tuple[str, str | None]]:
@@ -328,19 +329,6 @@ async def test_a_worker_stops_promptly_while_its_broker_is_down(
         token = (await create_token(dsn, "e2e", SCOPES)).token
         headers = {"Authorization": f"Bearer {token}"}
 
-        async def submit(http: httpx.AsyncClient, text: str) -> uuid.UUID:
-            job_id = uuid.uuid4()
-            answer = await http.post(
-                "/v1/workflow-runs",
-                json={
-                    "job_id": str(job_id),
-                    "workflow_name": workflow["name"],
-                    "input": {"text": text},
-                },
-            )
-            assert answer.is_success, answer.text
-            return job_id
-
         async def all_published(job_id: uuid.UUID) -> bool | None:
             rows = await _outbox_rows(pool, job_id)
             return True if rows and all(s == "PUBLISHED" for s, _ in rows) else None
@@ -350,12 +338,12 @@ async def test_a_worker_stops_promptly_while_its_broker_is_down(
                 f"/v1/workflows/{workflow['name']}", json={"workflow": dict(workflow)}
             )
             assert put.status_code in (200, 201), put.text
-            before = await submit(http, "the broker is up")
+            before = await _submit(http, workflow["name"], "the broker is up")
             await _wait_for_status(runs, before, "COMPLETED", first)
             await wait_until(lambda: all_published(before), timeout_s=30, interval_s=0.2)
 
             await asyncio.to_thread(broker.halt)
-            during = await submit(http, "the broker is gone")
+            during = await _submit(http, workflow["name"], "the broker is gone")
             await _wait_for_status(runs, during, "COMPLETED", first)
 
         async def leased() -> bool | None:

@@ -104,6 +104,8 @@ class JsonLines(logging.Formatter):
 
 # The most distinct messages RepeatedLines keeps books on at once.
 _MAX_MESSAGES = 1024
+# The record attribute that carries RepeatedLines' verdict to a logger's other handlers.
+_DECIDED = "wfjobs_repeated_lines_let_through"
 
 
 class RepeatedLines(logging.Filter):
@@ -132,6 +134,16 @@ class RepeatedLines(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Every handler of a logger calls this for the same record: the first
+        # call decides for all, or the second would count the line as a repeat.
+        decided = getattr(record, _DECIDED, None)
+        if decided is not None:
+            return bool(decided)
+        let_through = self._let_through(record)
+        setattr(record, _DECIDED, let_through)
+        return let_through
+
+    def _let_through(self, record: logging.LogRecord) -> bool:
         name = record.name
         if not any(name == p or name.startswith(p + ".") for p in self._prefixes):
             return True

@@ -149,3 +149,28 @@ def test_repeated_lines_keeps_few_books_on_messages_that_never_repeat() -> None:
         )
         assert repeated.filter(record)
     assert len(repeated._seen) <= 1024
+
+
+def test_repeated_lines_are_judged_once_for_every_handler() -> None:
+    # A root logger may have two handlers (a log file and the terminal): the
+    # second one's filter saw the first line as a repeat and left it out.
+    now = [1000.0]
+    repeated = logs.RepeatedLines(window_s=60.0, clock=lambda: now[0])
+    streams = [io.StringIO(), io.StringIO()]
+    client = logging.getLogger("aiokafka.test-two-handlers")
+    client.propagate = False
+    for stream in streams:
+        handler = logging.StreamHandler(stream)
+        handler.addFilter(repeated)
+        client.addHandler(handler)
+    try:
+        for second in range(61):
+            now[0] = 1000.0 + second
+            client.error("Unable connect to %s", "127.0.0.1:9")
+    finally:
+        client.handlers.clear()
+    for stream in streams:
+        assert stream.getvalue().splitlines() == [
+            "Unable connect to 127.0.0.1:9",
+            "Unable connect to 127.0.0.1:9 (59 more like this in the last 60s not logged)",
+        ]

@@ -14,6 +14,13 @@ restart under the same id is not held up, and the fleet view reads the same
 locks to tell a worker that is alive from one whose jobs only wait for their
 leases to pass. Advisory locks belong to one database, so fleets on other
 databases of the server never meet.
+
+A session this process gave up on (a check that timed out against a server
+gone silent, a connection cut by the network) can outlive its client on the
+server, and its lock with it, for as long as TCP takes to notice. The process
+knows that session (its backend's pid and start), so when it finds the id held
+by it, it ends it and takes the id again, rather than taking itself for a
+second process under its own id.
 """
 
 from __future__ import annotations
@@ -50,16 +57,27 @@ def held_by_a_session(worker: str) -> str:
    AND l.objid = (({key}) & 4294967295)::oid"""
 
 
-TRY_LOCK_SQL = f"SELECT pg_try_advisory_lock({_key('%(worker)s::text')})"
+# The lock, and which session took it: the one this process would know as lost.
+TRY_LOCK_SQL = f"""
+SELECT pg_try_advisory_lock({_key("%(worker)s::text")}), a.pid, a.backend_start
+  FROM pg_stat_activity AS a
+ WHERE a.pid = pg_backend_pid()
+"""
 UNLOCK_SQL = f"SELECT pg_advisory_unlock({_key('%(worker)s::text')})"
 
 # The session holding the lock, as the server sees it.
 HOLDER_SQL = f"""
-SELECT a.application_name, host(a.client_addr), a.client_port, a.backend_start
+SELECT a.pid, a.backend_start, a.application_name, host(a.client_addr), a.client_port
   FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
  WHERE {held_by_a_session("%(worker)s::text")}
  LIMIT 1
 """
+
+# Ends this process's own lost session; waits for it to go, up to the milliseconds given.
+END_LOST_SESSION_SQL = "SELECT pg_terminate_backend(%(pid)s, %(wait_ms)s)"
+END_LOST_SESSION_WAIT_MS = 1_000
+# How long a release waits for the server to unlock before it just closes.
+RELEASE_WAIT_S = 2.0
 
 
 class WorkerIdLock:
@@ -70,6 +88,10 @@ class WorkerIdLock:
         self._worker_id = worker_id
         self._connect_timeout_s = connect_timeout_s
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # The server's (pid, backend_start) of the session holding the id, and
+        # of sessions given up on since: the server may not have ended them yet.
+        self._session: tuple[int, Any] | None = None
+        self._lost: set[tuple[int, Any]] = set()
 
     @property
     def held(self) -> bool:
@@ -89,6 +111,9 @@ class WorkerIdLock:
             except BaseException:
                 # Lost, or in an unknown state after a cancel: the next call starts over.
                 conn, self._conn = self._conn, None
+                if self._session is not None:
+                    self._lost.add(self._session)
+                    self._session = None
                 await conn.close()
                 raise
         name = f"{APPLICATION_PREFIX}pid {os.getpid()} on {socket.gethostname()}"
@@ -99,31 +124,63 @@ class WorkerIdLock:
             application_name=name[:63],
         )
         try:
-            params = {"worker": self._worker_id}
-            row = await (await conn.execute(TRY_LOCK_SQL, params)).fetchone()
-            if not (row and row[0]):
-                holder = await (await conn.execute(HOLDER_SQL, params)).fetchone()
-                raise WorkerIdTaken(self._taken_message(holder))
+            session = await self._try_lock(conn)
+            if session is None:
+                holder = await (await conn.execute(HOLDER_SQL, self._params)).fetchone()
+                if holder is not None and (holder[0], holder[1]) in self._lost:
+                    session = await self._end_lost_session(conn, (holder[0], holder[1]))
+                else:
+                    raise WorkerIdTaken(self._taken_message(holder))
         except BaseException:
             await conn.close()
             raise
         self._conn = conn
+        self._session = session
+        self._lost.clear()
+
+    @property
+    def _params(self) -> dict[str, Any]:
+        return {"worker": self._worker_id}
+
+    async def _try_lock(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, Any] | None:
+        """This session's (pid, backend_start) if it took the id, else None."""
+        row = await (await conn.execute(TRY_LOCK_SQL, self._params)).fetchone()
+        return (row[1], row[2]) if row and row[0] else None
+
+    async def _end_lost_session(
+        self, conn: psycopg.AsyncConnection[Any], lost: tuple[int, Any]
+    ) -> tuple[int, Any]:
+        """End a session of this process's that still holds the id, then take it."""
+        pid, _ = lost
+        await conn.execute(END_LOST_SESSION_SQL, {"pid": pid, "wait_ms": END_LOST_SESSION_WAIT_MS})
+        session = await self._try_lock(conn)
+        if session is None:
+            # Told to end, it has not yet (a server that is itself stalled): an
+            # outage, waited out like any other, not a second process.
+            raise psycopg.OperationalError(
+                f"worker id {self._worker_id!r} is still held by this process's own"
+                f" lost session (server pid {pid}), which the server has not ended yet"
+            )
+        return session
 
     async def release(self) -> None:
         """Let the id go: at once, rather than when the server has ended the session."""
         conn, self._conn = self._conn, None
+        self._session = None
+        self._lost.clear()
         if conn is None:
             return
-        # Bounded: a server gone silent must not hold up the process's stop.
+        # Bounded, and short: a server gone silent must not hold up the
+        # process's stop, and closing the connection lets the id go anyway.
         with contextlib.suppress(psycopg.Error, TimeoutError):
-            async with asyncio.timeout(self._connect_timeout_s):
+            async with asyncio.timeout(min(self._connect_timeout_s, RELEASE_WAIT_S)):
                 await conn.execute(UNLOCK_SQL, {"worker": self._worker_id})
         await conn.close()
 
     def _taken_message(self, holder: tuple[Any, ...] | None) -> str:
         where = "another live process"
         if holder is not None:
-            name, address, port, since = holder
+            _, since, name, address, port = holder
             name = str(name or "")
             if name.startswith(APPLICATION_PREFIX):
                 where = f"the live process {name.removeprefix(APPLICATION_PREFIX)}"
@@ -138,4 +195,11 @@ class WorkerIdLock:
         )
 
 
-__all__ = ["HOLDER_SQL", "TRY_LOCK_SQL", "UNLOCK_SQL", "WorkerIdLock", "held_by_a_session"]
+__all__ = [
+    "END_LOST_SESSION_SQL",
+    "HOLDER_SQL",
+    "TRY_LOCK_SQL",
+    "UNLOCK_SQL",
+    "WorkerIdLock",
+    "held_by_a_session",
+]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 
 import psycopg
@@ -61,6 +63,73 @@ async def test_an_id_whose_session_was_ended_is_taken_again(dsn: str) -> None:
             await first.hold()
         with pytest.raises(WorkerIdTaken):
             await first.hold()
+    finally:
+        await first.release()
+        await second.release()
+
+
+async def test_its_own_session_lost_to_a_silent_server_is_not_taken_for_a_second_process(
+    dsn: str,
+) -> None:
+    """A check that times out against a server gone silent gives its session up; the
+    server keeps it, and the lock, until it ends it. The process must not take that
+    session for another process under its id: it ends it and takes the id back."""
+    lock, stranger = WorkerIdLock(dsn, "w-silent"), WorkerIdLock(dsn, "w-silent")
+    try:
+        await lock.hold()
+        assert lock._conn is not None
+        backend = lock._conn.info.backend_pid
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await lock.hold()
+            assert not lock.held
+            # Still stopped, it cannot end yet: an outage to wait out, not a duplicate.
+            with pytest.raises(psycopg.OperationalError, match="own lost session"):
+                await lock.hold()
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        for _ in range(50):
+            with contextlib.suppress(psycopg.OperationalError):
+                await lock.hold()
+                break
+            await asyncio.sleep(0.1)
+        assert lock.held
+        # Another process under the id is still refused, naming this one.
+        with pytest.raises(WorkerIdTaken):
+            await stranger.hold()
+    finally:
+        await lock.release()
+        await stranger.release()
+
+
+async def test_a_process_whose_lost_session_ended_still_yields_to_a_new_holder(
+    dsn: str,
+) -> None:
+    first, second = WorkerIdLock(dsn, "w-lost"), WorkerIdLock(dsn, "w-lost")
+    try:
+        await first.hold()
+        assert first._conn is not None
+        backend = first._conn.info.backend_pid
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await first.hold()
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        # Its lost session gone, another process takes the id meanwhile.
+        for _ in range(50):
+            with contextlib.suppress(WorkerIdTaken):
+                await second.hold()
+                break
+            await asyncio.sleep(0.1)
+        assert second.held
+        with pytest.raises(WorkerIdTaken):
+            await first.hold()
+        assert second.held and second._conn is not None
+        await second.hold()  # its session was not ended as if it were the first's
     finally:
         await first.release()
         await second.release()

@@ -118,7 +118,7 @@ def worth_waiting_out(exc: BaseException) -> bool:
     return is_outage(exc) or isinstance(exc, Unavailable | ResourceExhausted)
 
 
-# The exit status of a worker whose stop after a crash never finished.
+# The exit status of a worker whose stop never finished (after a crash, or asked for).
 EXIT_STOP_HUNG = 1
 # Beyond the loops' grace, for the clients' own shutdown (flushes, leaving the group).
 STOP_MARGIN_S = 30.0
@@ -149,20 +149,24 @@ def stopping_on_crash(app: faust.App, what: str, body: AgentBody, *, grace_s: fl
                 type(cause).__name__,
                 cause,
             )
-            _exit_unless_stopped_within(grace_s + STOP_MARGIN_S, what)
+            exit_unless_stopped_within(grace_s + STOP_MARGIN_S, f"its {what} agent's death")
             # Logs the traceback; the worker then stops and exits non-zero.
             await app.crash(exc)
 
     return agent
 
 
-def _exit_unless_stopped_within(seconds: float, what: str) -> None:
+def exit_unless_stopped_within(seconds: float, since: str) -> None:
+    """Exit the process ``seconds`` from now unless it has exited by then.
+
+    ``since`` says what began the stop, for the log line."""
+
     # A thread, not the event loop: a stop that hangs may hold the loop too.
     def exit_now() -> None:
         log.critical(
-            "workflow-jobs: the worker did not stop within %.0fs of its %s agent's death; exiting",
+            "workflow-jobs: the worker did not stop within %.0fs of %s; exiting",
             seconds,
-            what,
+            since,
         )
         logging.shutdown()
         os._exit(EXIT_STOP_HUNG)
@@ -177,6 +181,7 @@ __all__ = [
     "STOP_MARGIN_S",
     "STUCK_AFTER_S",
     "AttemptClock",
+    "exit_unless_stopped_within",
     "stopping_on_crash",
     "worth_waiting_out",
 ]

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 import faust
 
 from schemas.errors import WorkerIdTaken
+from streams.agents import STOP_MARGIN_S, exit_unless_stopped_within
 from streams.broker import BootWithoutKafka, connect_kafka
 from streams.completions_agent import register_completions_agent
 from streams.http_errors import HANDLER_ARGS
@@ -72,6 +73,12 @@ class Worker(faust.Worker):
         # patience runs out.
         runtime = getattr(self.app, "wfjobs_runtime", None)
         if isinstance(runtime, Runtime):
+            # Every part's stop is bounded, but a store or broker that never
+            # answers makes them wait in turn; past this the process exits
+            # rather than look alive to its orchestrator (its jobs' leases pass).
+            exit_unless_stopped_within(
+                runtime.settings.shutdown_grace_s + STOP_MARGIN_S, "being told to stop"
+            )
             await runtime.stop_loops()
         await super().on_stop()
 

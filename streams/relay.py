@@ -87,6 +87,9 @@ T = TypeVar("T")
 
 DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
 _NOT_REPORTED = "no delivery report from the producer"
+# How long a stop waits, once the broker's part of its pass is given up, for
+# the store to settle the pass; and then for the cancelled pass to end.
+SETTLE_WAIT_S = 2.0
 # How often the loop reads the backlog (oldest PENDING age, FAILED rows) for health.
 BACKLOG_EVERY_S = 5.0
 
@@ -390,14 +393,26 @@ class OutboxRelay(mode.Service):
         stopping process live: after ``stop_wait_s`` its messages are purged,
         their reports fail at once, and the pass hands its rows back unleased
         (a purged message may still have reached the broker: delivery stays at
-        least once)."""
+        least once). A store that does not answer the pass within
+        ``SETTLE_WAIT_S`` more has the pass cancelled; its rows stay leased."""
         self._wake.set()
         future, self._loop_future = self._loop_future, None
         if future is not None:
             done, _ = await asyncio.wait({future}, timeout=self._stop_wait_s)
             if not done:
                 await self._give_up_in_flight()
-                await asyncio.wait({future})
+                done, _ = await asyncio.wait({future}, timeout=SETTLE_WAIT_S)
+            if not done:
+                # The store is not answering the pass's own statements: its rows
+                # stay leased, and the next relay takes them when the lease passes.
+                log.warning(
+                    "%s: the store did not answer the stopping pass within %.0fs; "
+                    "its rows go to the next relay when their lease passes",
+                    self._name,
+                    SETTLE_WAIT_S,
+                )
+                future.cancel()
+                await asyncio.wait({future}, timeout=SETTLE_WAIT_S)
         await self._close()
 
     async def _give_up_in_flight(self) -> None:

@@ -400,16 +400,11 @@ class Runtime(mode.Service):
             await self.channels.close()
         if self._store_check is not None:
             self._store_check.cancel()
-        for pool in (
-            self.claim_pool,
-            self.relay_pool,
-            self.commit_pool,
-            self.submit_pool,
-            self.pool,
-        ):
-            if pool is not None:
-                with contextlib.suppress(Exception):
-                    await pool.close()
+        pools = (self.claim_pool, self.relay_pool, self.commit_pool, self.submit_pool, self.pool)
+        # Together: a store gone silent makes each close wait out its own timeout.
+        await asyncio.gather(
+            *(pool.close() for pool in pools if pool is not None), return_exceptions=True
+        )
         if self.tracing is not None:
             # Exports what the batch processor still holds: blocking, so in a thread.
             with contextlib.suppress(Exception):
